@@ -1,0 +1,525 @@
+//! The write buffer of one table on one shard: a virtual file of fixed-size blocks.
+//!
+//! Rows are appended to the active block (Arrow builders plus the hidden `_create_ts`). A full
+//! block becomes immutable and waits in a queue to be flushed to the object store; once every
+//! block of a full virtual file is flushed, the blocks are combined into one regular Parquet
+//! file under the same file id. A row's location `(file id, offset)` is fixed when it is
+//! appended, so neither a flush nor a combination touches the index.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder, Float64Builder,
+    Int32Builder, Int64Array, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
+use arrow::record_batch::RecordBatch;
+use object_store::path::Path;
+
+use crate::config::StorageConfig;
+use crate::index::{FileId, RowId, RowLocation};
+use crate::schema::{ColumnType, TableSchema};
+use crate::ts::Timestamp;
+use crate::value::{RowRef, ValueRef};
+
+/// A block of a virtual file: the file and the block's index in it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockId {
+    pub file: FileId,
+    pub index: u32,
+}
+
+/// The object-store path of a regular file.
+pub fn file_path(table: &str, file: FileId) -> Path {
+    Path::from(format!("tables/{table}/{file}.parquet"))
+}
+
+/// The object-store path of a flushed write-buffer block.
+pub fn block_path(table: &str, block: BlockId) -> Path {
+    Path::from(format!(
+        "tables/{table}/buffer/{}-{:05}.parquet",
+        block.file, block.index
+    ))
+}
+
+enum ColumnBuilder {
+    Boolean(BooleanBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Decimal(Decimal128Builder, u8, i8),
+    Utf8(StringBuilder),
+    Date(Date32Builder),
+    Timestamp(TimestampMicrosecondBuilder),
+}
+
+impl ColumnBuilder {
+    fn new(ty: ColumnType, rows: usize) -> Self {
+        match ty {
+            ColumnType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(rows)),
+            ColumnType::Int32 => Self::Int32(Int32Builder::with_capacity(rows)),
+            ColumnType::Int64 => Self::Int64(Int64Builder::with_capacity(rows)),
+            ColumnType::Float32 => Self::Float32(Float32Builder::with_capacity(rows)),
+            ColumnType::Float64 => Self::Float64(Float64Builder::with_capacity(rows)),
+            ColumnType::Decimal { precision, scale } => {
+                Self::Decimal(Decimal128Builder::with_capacity(rows), precision, scale)
+            }
+            ColumnType::Utf8 => Self::Utf8(StringBuilder::with_capacity(rows, rows * 16)),
+            ColumnType::Date => Self::Date(Date32Builder::with_capacity(rows)),
+            ColumnType::Timestamp => {
+                Self::Timestamp(TimestampMicrosecondBuilder::with_capacity(rows))
+            }
+        }
+    }
+
+    /// Appends a value that was checked against the column.
+    #[inline]
+    fn push(&mut self, v: ValueRef<'_>) {
+        match (self, v) {
+            (Self::Boolean(b), ValueRef::Boolean(x)) => b.append_value(x),
+            (Self::Int32(b), ValueRef::Int(x)) => b.append_value(x as i32),
+            (Self::Int64(b), ValueRef::Int(x)) => b.append_value(x),
+            (Self::Float32(b), ValueRef::Float(x)) => b.append_value(x as f32),
+            (Self::Float64(b), ValueRef::Float(x)) => b.append_value(x),
+            (Self::Decimal(b, ..), ValueRef::Decimal(x)) => b.append_value(x),
+            (Self::Utf8(b), ValueRef::Utf8(x)) => b.append_value(x),
+            (Self::Date(b), ValueRef::Date(x)) => b.append_value(x),
+            (Self::Timestamp(b), ValueRef::Timestamp(x)) => b.append_value(x),
+            (Self::Boolean(b), ValueRef::Null) => b.append_null(),
+            (Self::Int32(b), ValueRef::Null) => b.append_null(),
+            (Self::Int64(b), ValueRef::Null) => b.append_null(),
+            (Self::Float32(b), ValueRef::Null) => b.append_null(),
+            (Self::Float64(b), ValueRef::Null) => b.append_null(),
+            (Self::Decimal(b, ..), ValueRef::Null) => b.append_null(),
+            (Self::Utf8(b), ValueRef::Null) => b.append_null(),
+            (Self::Date(b), ValueRef::Null) => b.append_null(),
+            (Self::Timestamp(b), ValueRef::Null) => b.append_null(),
+            (_, v) => panic!("a {} value reached the write buffer unchecked", v.kind()),
+        }
+    }
+
+    /// The column so far, leaving the builder as it is (for reads of the active block).
+    fn snapshot(&self) -> ArrayRef {
+        match self {
+            Self::Boolean(b) => Arc::new(b.finish_cloned()),
+            Self::Int32(b) => Arc::new(b.finish_cloned()),
+            Self::Int64(b) => Arc::new(b.finish_cloned()),
+            Self::Float32(b) => Arc::new(b.finish_cloned()),
+            Self::Float64(b) => Arc::new(b.finish_cloned()),
+            Self::Decimal(b, p, s) => Arc::new(
+                b.finish_cloned()
+                    .with_precision_and_scale(*p, *s)
+                    .expect("precision and scale were checked with the schema"),
+            ),
+            Self::Utf8(b) => Arc::new(b.finish_cloned()),
+            Self::Date(b) => Arc::new(b.finish_cloned()),
+            Self::Timestamp(b) => Arc::new(b.finish_cloned()),
+        }
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Self::Boolean(b) => Arc::new(b.finish()),
+            Self::Int32(b) => Arc::new(b.finish()),
+            Self::Int64(b) => Arc::new(b.finish()),
+            Self::Float32(b) => Arc::new(b.finish()),
+            Self::Float64(b) => Arc::new(b.finish()),
+            Self::Decimal(b, p, s) => Arc::new(
+                b.finish()
+                    .with_precision_and_scale(*p, *s)
+                    .expect("precision and scale were checked with the schema"),
+            ),
+            Self::Utf8(b) => Arc::new(b.finish()),
+            Self::Date(b) => Arc::new(b.finish()),
+            Self::Timestamp(b) => Arc::new(b.finish()),
+        }
+    }
+
+    fn memory_bytes(&self) -> usize {
+        use arrow::array::ArrayBuilder;
+        let b: &dyn ArrayBuilder = match self {
+            Self::Boolean(b) => b,
+            Self::Int32(b) => b,
+            Self::Int64(b) => b,
+            Self::Float32(b) => b,
+            Self::Float64(b) => b,
+            Self::Decimal(b, ..) => b,
+            Self::Utf8(b) => b,
+            Self::Date(b) => b,
+            Self::Timestamp(b) => b,
+        };
+        // Builders do not report capacity; estimate from the rows they hold.
+        let len = b.len();
+        match self {
+            Self::Boolean(_) => len / 8,
+            Self::Int32(_) | Self::Float32(_) | Self::Date(_) => len * 4,
+            Self::Int64(_) | Self::Float64(_) | Self::Timestamp(_) => len * 8,
+            Self::Decimal(..) => len * 16,
+            Self::Utf8(s) => len * 4 + s.values_slice().len(),
+        }
+    }
+}
+
+struct ActiveBlock {
+    columns: Vec<ColumnBuilder>,
+    create_ts: Vec<i64>,
+}
+
+impl ActiveBlock {
+    fn new(schema: &TableSchema, rows: usize) -> Self {
+        ActiveBlock {
+            columns: schema
+                .columns()
+                .iter()
+                .map(|c| ColumnBuilder::new(c.ty, rows))
+                .collect(),
+            create_ts: Vec::with_capacity(rows),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.create_ts.len()
+    }
+
+    /// The block so far, leaving it to take more rows.
+    fn snapshot(&self, schema: &TableSchema) -> RecordBatch {
+        let arrays = self.columns.iter().map(|c| c.snapshot()).collect();
+        batch(schema, arrays, self.create_ts.clone())
+    }
+
+    /// The block's rows, leaving it empty.
+    fn finish(&mut self, schema: &TableSchema) -> RecordBatch {
+        let arrays = self.columns.iter_mut().map(|c| c.finish()).collect();
+        batch(schema, arrays, std::mem::take(&mut self.create_ts))
+    }
+}
+
+fn batch(schema: &TableSchema, mut arrays: Vec<ArrayRef>, create_ts: Vec<i64>) -> RecordBatch {
+    arrays.push(Arc::new(Int64Array::from(create_ts)));
+    RecordBatch::try_new(schema.arrow_schema().clone(), arrays).expect("builders follow the schema")
+}
+
+/// Where a sealed block's rows are.
+#[derive(Clone)]
+enum BlockState {
+    /// In memory, waiting to be flushed.
+    Immutable(RecordBatch),
+    /// In memory and being written; readers still use the memory copy.
+    Flushing(RecordBatch),
+    /// In the object store at [`block_path`]; the memory copy is gone.
+    Flushed,
+}
+
+/// What a reader gets for one block of the buffer.
+#[derive(Clone, Debug)]
+pub enum BlockData {
+    Memory(RecordBatch),
+    Object(Path),
+}
+
+/// One block of the buffer as a reader sees it, with the rows' place in their file.
+#[derive(Clone, Debug)]
+pub struct BufferBlock {
+    pub id: BlockId,
+    /// Offset of the block's first row in its file.
+    pub offset: u64,
+    pub rows: u64,
+    pub data: BlockData,
+}
+
+/// A virtual file: rows at fixed offsets under a pre-assigned file id, held as blocks.
+pub struct VirtualFile {
+    id: FileId,
+    first_row: RowId,
+    rows: u64,
+    capacity: u64,
+    sealed: Vec<BlockState>,
+    active: Option<ActiveBlock>,
+    combining: bool,
+}
+
+impl VirtualFile {
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    pub fn first_row(&self) -> RowId {
+        self.first_row
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+}
+
+/// A block the caller should write to the object store.
+pub struct FlushJob {
+    pub block: BlockId,
+    pub batch: RecordBatch,
+    pub path: Path,
+}
+
+/// A full virtual file whose flushed blocks the caller should combine into `target`.
+pub struct CombineJob {
+    pub file: FileId,
+    pub rows: u64,
+    pub blocks: Vec<Path>,
+    pub target: Path,
+}
+
+/// A virtual file the buffer started: the caller maps its row ids and tracks its visibility.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct NewFile {
+    pub file: FileId,
+    pub first_row: RowId,
+    pub capacity: u64,
+}
+
+/// The write buffer of one table.
+pub struct WriteBuffer {
+    schema: Arc<TableSchema>,
+    block_rows: usize,
+    file_rows: u64,
+    /// Oldest first; only the last one may be appending.
+    files: VecDeque<VirtualFile>,
+    next_row: u64,
+}
+
+impl WriteBuffer {
+    pub fn new(schema: Arc<TableSchema>, config: &StorageConfig) -> Self {
+        WriteBuffer {
+            schema,
+            block_rows: config.block_rows as usize,
+            file_rows: config.file_rows,
+            files: VecDeque::new(),
+            next_row: 0,
+        }
+    }
+
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        &self.schema
+    }
+
+    /// Whether the next append needs a new virtual file (and so a file id).
+    pub fn needs_file(&self) -> bool {
+        self.files
+            .back()
+            .is_none_or(|f| f.rows == f.capacity)
+    }
+
+    /// Starts a virtual file under the pre-assigned `id`; the next rows go there.
+    pub fn start_file(&mut self, id: FileId) -> NewFile {
+        assert!(self.needs_file(), "the appending file still has room");
+        let first_row = RowId(self.next_row);
+        self.next_row += self.file_rows;
+        self.files.push_back(VirtualFile {
+            id,
+            first_row,
+            rows: 0,
+            capacity: self.file_rows,
+            sealed: Vec::new(),
+            active: None,
+            combining: false,
+        });
+        NewFile {
+            file: id,
+            first_row,
+            capacity: self.file_rows,
+        }
+    }
+
+    /// Appends a row (checked against the schema) created at `ts`. The caller has started a
+    /// file when [`Self::needs_file`] said so.
+    pub fn append<R: RowRef + ?Sized>(&mut self, row: &R, ts: Timestamp) -> (RowId, RowLocation) {
+        let schema = &self.schema;
+        let block_rows = self.block_rows;
+        let file = self.files.back_mut().expect("a file was started");
+        assert!(file.rows < file.capacity, "the appending file is full");
+        let active = file
+            .active
+            .get_or_insert_with(|| ActiveBlock::new(schema, block_rows));
+        for (i, col) in active.columns.iter_mut().enumerate() {
+            col.push(row.value(i));
+        }
+        active.create_ts.push(ts.get() as i64);
+        let location = RowLocation {
+            file: file.id,
+            offset: file.rows,
+        };
+        let row_id = RowId(file.first_row.0 + file.rows);
+        file.rows += 1;
+        if active.rows() == block_rows {
+            let batch = active.finish(schema);
+            file.sealed.push(BlockState::Immutable(batch));
+            file.active = None;
+        }
+        (row_id, location)
+    }
+
+    /// Every immutable block not yet being flushed; they are marked as flushing.
+    pub fn take_flush_jobs(&mut self) -> Vec<FlushJob> {
+        let table = self.schema.name();
+        let mut jobs = Vec::new();
+        for file in &mut self.files {
+            for (index, state) in file.sealed.iter_mut().enumerate() {
+                if let BlockState::Immutable(batch) = state {
+                    let block = BlockId {
+                        file: file.id,
+                        index: index as u32,
+                    };
+                    let batch = batch.clone();
+                    jobs.push(FlushJob {
+                        block,
+                        path: block_path(table, block),
+                        batch: batch.clone(),
+                    });
+                    *state = BlockState::Flushing(batch);
+                }
+            }
+        }
+        jobs
+    }
+
+    /// The block is durable in the object store: drop its memory copy.
+    pub fn flush_done(&mut self, block: BlockId) {
+        if let Some(state) = self.block_state(block) {
+            assert!(matches!(state, BlockState::Flushing(_)), "{block:?} was not flushing");
+            *state = BlockState::Flushed;
+        }
+    }
+
+    /// The flush failed: the block goes back to waiting.
+    pub fn flush_failed(&mut self, block: BlockId) {
+        if let Some(state) = self.block_state(block)
+            && let BlockState::Flushing(batch) = state
+        {
+            *state = BlockState::Immutable(batch.clone());
+        }
+    }
+
+    fn block_state(&mut self, block: BlockId) -> Option<&mut BlockState> {
+        self.files
+            .iter_mut()
+            .find(|f| f.id == block.file)
+            .and_then(|f| f.sealed.get_mut(block.index as usize))
+    }
+
+    /// The oldest full virtual file whose blocks are all flushed, marked as combining.
+    pub fn take_combine_job(&mut self) -> Option<CombineJob> {
+        let table = self.schema.name().to_owned();
+        let file = self.files.iter_mut().find(|f| {
+            !f.combining
+                && f.rows == f.capacity
+                && f.active.is_none()
+                && f.sealed.iter().all(|s| matches!(s, BlockState::Flushed))
+        })?;
+        file.combining = true;
+        Some(CombineJob {
+            file: file.id,
+            rows: file.rows,
+            blocks: (0..file.sealed.len() as u32)
+                .map(|index| {
+                    block_path(
+                        &table,
+                        BlockId {
+                            file: file.id,
+                            index,
+                        },
+                    )
+                })
+                .collect(),
+            target: file_path(&table, file.id),
+        })
+    }
+
+    /// The combined file is durable: the virtual file leaves the buffer.
+    pub fn combine_done(&mut self, file: FileId) -> VirtualFile {
+        let at = self
+            .files
+            .iter()
+            .position(|f| f.id == file)
+            .expect("a combined file was in the buffer");
+        self.files.remove(at).expect("position is in range")
+    }
+
+    /// The combination failed: it will be offered again.
+    pub fn combine_failed(&mut self, file: FileId) {
+        if let Some(f) = self.files.iter_mut().find(|f| f.id == file) {
+            f.combining = false;
+        }
+    }
+
+    /// Every block of every virtual file, for a reader: in-memory blocks (the active one
+    /// included, as it is now) and flushed ones by path.
+    pub fn blocks(&self) -> Vec<BufferBlock> {
+        let table = self.schema.name();
+        let mut out = Vec::new();
+        for file in &self.files {
+            let mut offset = 0u64;
+            for (index, state) in file.sealed.iter().enumerate() {
+                let id = BlockId {
+                    file: file.id,
+                    index: index as u32,
+                };
+                let (rows, data) = match state {
+                    BlockState::Immutable(b) | BlockState::Flushing(b) => {
+                        (b.num_rows() as u64, BlockData::Memory(b.clone()))
+                    }
+                    // Every sealed block is full.
+                    BlockState::Flushed => (
+                        self.block_rows as u64,
+                        BlockData::Object(block_path(table, id)),
+                    ),
+                };
+                out.push(BufferBlock {
+                    id,
+                    offset,
+                    rows,
+                    data,
+                });
+                offset += rows;
+            }
+            if let Some(active) = &file.active
+                && active.rows() > 0
+            {
+                let batch = active.snapshot(&self.schema);
+                out.push(BufferBlock {
+                    id: BlockId {
+                        file: file.id,
+                        index: file.sealed.len() as u32,
+                    },
+                    offset,
+                    rows: active.rows() as u64,
+                    data: BlockData::Memory(batch),
+                });
+            }
+        }
+        out
+    }
+
+    pub fn files(&self) -> impl Iterator<Item = &VirtualFile> {
+        self.files.iter()
+    }
+
+    /// Bytes of row data held in memory (active, immutable and flushing blocks).
+    pub fn memory_bytes(&self) -> usize {
+        let mut total = 0;
+        for file in &self.files {
+            for state in &file.sealed {
+                if let BlockState::Immutable(b) | BlockState::Flushing(b) = state {
+                    total += b.get_array_memory_size();
+                }
+            }
+            if let Some(active) = &file.active {
+                total += active.create_ts.capacity() * 8;
+                total += active.columns.iter().map(|c| c.memory_bytes()).sum::<usize>();
+            }
+        }
+        total
+    }
+}

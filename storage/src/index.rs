@@ -1,0 +1,284 @@
+//! The primary index of one table on one shard: versioned key -> row id, and row-id ranges ->
+//! row locations. Row ids never change; storage GC moves rows by remapping their range.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rustc_hash::FxBuildHasher;
+use smallvec::SmallVec;
+
+use crate::error::{Result, StorageError};
+use crate::ts::Timestamp;
+
+/// A row's identity in its table on its shard; allocated in contiguous ranges per file.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowId(pub u64);
+
+/// A file: the shard's id in the top 16 bits, a per-shard sequence below, so shards allocate
+/// file ids without asking anyone.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FileId(pub u64);
+
+impl FileId {
+    pub fn new(shard: u16, seq: u64) -> Self {
+        assert!(seq < 1 << 48, "file sequence {seq} overflows 48 bits");
+        FileId(u64::from(shard) << 48 | seq)
+    }
+
+    pub fn shard(self) -> u16 {
+        (self.0 >> 48) as u16
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// Where a row lives: a file and its offset there.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RowLocation {
+    pub file: FileId,
+    pub offset: u64,
+}
+
+/// A key's versions, oldest first; `None` is a tombstone. Almost every key has one version.
+type Versions = SmallVec<[(Timestamp, Option<RowId>); 1]>;
+
+/// Versioned key -> row id.
+#[derive(Default)]
+pub struct PrimaryIndex {
+    map: HashMap<Box<[u8]>, Versions, FxBuildHasher>,
+    versions: usize,
+    key_bytes: usize,
+}
+
+impl PrimaryIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The row id that `key` maps to as of `ts`: the newest version at or before `ts`, `None` if
+    /// that is a tombstone or there is none.
+    pub fn lookup(&self, key: &[u8], ts: Timestamp) -> Option<RowId> {
+        let versions = self.map.get(key)?;
+        versions
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= ts)
+            .and_then(|(_, row)| *row)
+    }
+
+    /// The row id of the newest version of `key`.
+    pub fn latest(&self, key: &[u8]) -> Option<RowId> {
+        self.map.get(key).and_then(|v| v.last()).and_then(|v| v.1)
+    }
+
+    /// Maps `key` to `row` from `ts` on.
+    pub fn put(&mut self, key: &[u8], ts: Timestamp, row: RowId) -> Result<()> {
+        self.write(key, ts, Some(row))
+    }
+
+    /// Records that `key` is deleted from `ts` on.
+    pub fn tombstone(&mut self, key: &[u8], ts: Timestamp) -> Result<()> {
+        self.write(key, ts, None)
+    }
+
+    /// A second write at the same timestamp (a delete and insert in one transaction) replaces
+    /// the first: the transaction's final state of the key is its only version at `ts`.
+    fn write(&mut self, key: &[u8], ts: Timestamp, row: Option<RowId>) -> Result<()> {
+        if let Some(versions) = self.map.get_mut(key) {
+            let last = versions.last_mut().expect("a key has at least one version");
+            if ts < last.0 {
+                return Err(StorageError::TimestampBackwards { last: last.0, got: ts });
+            }
+            if ts == last.0 {
+                last.1 = row;
+            } else {
+                versions.push((ts, row));
+                self.versions += 1;
+            }
+            return Ok(());
+        }
+        if row.is_none() {
+            // Nothing to hide: the key had no version at all.
+            return Ok(());
+        }
+        self.map.insert(key.into(), smallvec::smallvec![(ts, row)]);
+        self.versions += 1;
+        self.key_bytes += key.len();
+        Ok(())
+    }
+
+    /// Drops the versions no snapshot at or after `watermark` can see: for each key, every
+    /// version older than the newest one at or before the watermark, and that one too if it is
+    /// a tombstone. Returns the number of versions dropped.
+    pub fn purge(&mut self, watermark: Timestamp) -> usize {
+        let before = self.versions;
+        let mut key_bytes = 0;
+        let mut versions = 0;
+        self.map.retain(|key, v| {
+            let seen = v.iter().rposition(|(t, _)| *t <= watermark);
+            if let Some(i) = seen {
+                let drop = if v[i].1.is_none() { i + 1 } else { i };
+                v.drain(..drop);
+            }
+            if v.is_empty() {
+                return false;
+            }
+            if v.spilled() && v.len() == 1 {
+                v.shrink_to_fit();
+            }
+            versions += v.len();
+            key_bytes += key.len();
+            true
+        });
+        self.versions = versions;
+        self.key_bytes = key_bytes;
+        before - versions
+    }
+
+    /// Keys with at least one version (live or tombstone).
+    pub fn keys(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn versions(&self) -> usize {
+        self.versions
+    }
+
+    /// An estimate of the heap this index holds: table slots, key bytes, spilled versions.
+    pub fn memory_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(Box<[u8]>, Versions)>() + 1;
+        let spilled = self.versions.saturating_sub(self.map.len())
+            * std::mem::size_of::<(Timestamp, Option<RowId>)>();
+        self.map.capacity() * slot + self.key_bytes + spilled
+    }
+
+    /// Every key's newest version, for consistency checks.
+    pub fn iter_latest(&self) -> impl Iterator<Item = (&[u8], Option<RowId>)> {
+        self.map
+            .iter()
+            .map(|(k, v)| (&k[..], v.last().expect("a key has a version").1))
+    }
+}
+
+/// A range of row ids laid out contiguously in one file.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub file: FileId,
+    pub offset: u64,
+    pub rows: u64,
+}
+
+/// Row-id ranges -> (file, row offset range).
+#[derive(Default)]
+pub struct RowIdMap {
+    extents: BTreeMap<u64, Extent>,
+}
+
+impl RowIdMap {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Maps row ids `first .. first + extent.rows` to `extent`, replacing what mapped there.
+    pub fn map(&mut self, first: RowId, extent: Extent) {
+        let end = first.0 + extent.rows;
+        // Cut any extent overlapping the new range.
+        let overlapping: Vec<u64> = self
+            .extents
+            .range(..end)
+            .rev()
+            .take_while(|(s, e)| *s + e.rows > first.0)
+            .map(|(s, _)| *s)
+            .collect();
+        for start in overlapping {
+            let old = self.extents.remove(&start).expect("listed above");
+            if start < first.0 {
+                let rows = first.0 - start;
+                self.extents.insert(start, Extent { rows, ..old });
+            }
+            let old_end = start + old.rows;
+            if old_end > end {
+                let skip = end - start;
+                self.extents.insert(
+                    end,
+                    Extent {
+                        file: old.file,
+                        offset: old.offset + skip,
+                        rows: old_end - end,
+                    },
+                );
+            }
+        }
+        self.extents.insert(first.0, extent);
+    }
+
+    pub fn locate(&self, row: RowId) -> Option<RowLocation> {
+        let (start, e) = self.extents.range(..=row.0).next_back()?;
+        (row.0 < start + e.rows).then(|| RowLocation {
+            file: e.file,
+            offset: e.offset + (row.0 - start),
+        })
+    }
+
+    pub fn extents(&self) -> usize {
+        self.extents.len()
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.extents.len() * (std::mem::size_of::<(u64, Extent)>() + 16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(v: u64) -> Timestamp {
+        Timestamp::new(v).unwrap()
+    }
+
+    #[test]
+    fn versions_and_purge() {
+        let mut ix = PrimaryIndex::new();
+        ix.put(b"k", ts(2), RowId(1)).unwrap();
+        ix.tombstone(b"k", ts(4)).unwrap();
+        ix.put(b"k", ts(6), RowId(2)).unwrap();
+        assert_eq!(ix.lookup(b"k", ts(1)), None);
+        assert_eq!(ix.lookup(b"k", ts(3)), Some(RowId(1)));
+        assert_eq!(ix.lookup(b"k", ts(5)), None);
+        assert_eq!(ix.lookup(b"k", ts(9)), Some(RowId(2)));
+        assert!(ix.put(b"k", ts(5), RowId(3)).is_err());
+        assert_eq!(ix.purge(ts(4)), 2);
+        assert_eq!(ix.lookup(b"k", ts(5)), None);
+        assert_eq!(ix.lookup(b"k", ts(6)), Some(RowId(2)));
+        ix.tombstone(b"k", ts(8)).unwrap();
+        assert_eq!(ix.purge(ts(8)), 2);
+        assert_eq!(ix.keys(), 0);
+    }
+
+    #[test]
+    fn same_timestamp_writes_keep_the_last() {
+        let mut ix = PrimaryIndex::new();
+        ix.put(b"k", ts(2), RowId(1)).unwrap();
+        ix.tombstone(b"k", ts(3)).unwrap();
+        ix.put(b"k", ts(3), RowId(2)).unwrap();
+        assert_eq!(ix.versions(), 2);
+        assert_eq!(ix.lookup(b"k", ts(3)), Some(RowId(2)));
+    }
+
+    #[test]
+    fn row_id_extents_split() {
+        let f = |n| FileId::new(0, n);
+        let mut m = RowIdMap::new();
+        m.map(RowId(0), Extent { file: f(1), offset: 0, rows: 100 });
+        m.map(RowId(40), Extent { file: f(2), offset: 0, rows: 20 });
+        assert_eq!(m.locate(RowId(39)), Some(RowLocation { file: f(1), offset: 39 }));
+        assert_eq!(m.locate(RowId(45)), Some(RowLocation { file: f(2), offset: 5 }));
+        assert_eq!(m.locate(RowId(60)), Some(RowLocation { file: f(1), offset: 60 }));
+        assert_eq!(m.locate(RowId(100)), None);
+        assert_eq!(m.extents(), 3);
+    }
+}

@@ -1,0 +1,574 @@
+//! The shard state machine: one shard's tables, each with its write buffer, primary index,
+//! row-id map and the visibility of every file it wrote. A mirror transaction's operations are
+//! applied at one timestamp, all or nothing; a snapshot answers which rows a query sees.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow::record_batch::RecordBatch;
+use object_store::ObjectStore;
+use object_store::path::Path;
+
+use crate::buffer::{BlockData, BlockId, CombineJob, FlushJob, WriteBuffer, file_path};
+use crate::config::StorageConfig;
+use crate::error::{Result, StorageError};
+use crate::file::{self, Projection, RowGroupInfo};
+use crate::index::{Extent, FileId, PrimaryIndex, RowIdMap};
+use crate::key::{display_key, encode_key};
+use crate::schema::TableSchema;
+use crate::ts::Timestamp;
+use crate::value::RowRef;
+use crate::visibility::FileVisibility;
+
+/// A table's position in the shard's (and the catalog's) table list.
+pub type TableId = u32;
+
+/// One row operation of a source transaction. A delete's row needs only its key columns; an
+/// update's `before` likewise. An update may change the key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowOp<R> {
+    Insert(R),
+    Delete(R),
+    Update { before: R, after: R },
+}
+
+/// A row operation on a table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableOp<R> {
+    pub table: TableId,
+    pub op: RowOp<R>,
+}
+
+/// What one applied transaction did.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub inserted: u64,
+    pub deleted: u64,
+}
+
+/// A file's place in the shard: its visibility, and once combined, its row groups.
+struct FileEntry {
+    visibility: FileVisibility,
+    regular: Option<Vec<RowGroupInfo>>,
+}
+
+/// Objects that left the catalog when the applied timestamp was `replaced_at`: no query that
+/// begins after that can read them, so they go once LWM passes it.
+struct Retired {
+    replaced_at: Timestamp,
+    paths: Vec<Path>,
+}
+
+struct TableState {
+    schema: Arc<TableSchema>,
+    index: PrimaryIndex,
+    row_ids: RowIdMap,
+    buffer: WriteBuffer,
+    files: BTreeMap<FileId, FileEntry>,
+    retired: Vec<Retired>,
+}
+
+/// Memory held by a shard, by structure.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub index_bytes: usize,
+    pub write_buffer_bytes: usize,
+    pub visibility_bytes: usize,
+}
+
+/// What a query reads of one table at a snapshot: regular files and flushed blocks by path,
+/// in-memory blocks as batches, each with its deleted-rows bitmap at the snapshot.
+pub struct TableSnapshot {
+    pub schema: Arc<TableSchema>,
+    pub snapshot: Timestamp,
+    pub parts: Vec<SnapshotPart>,
+}
+
+pub struct SnapshotPart {
+    /// The file the rows belong to and the offset of the part's first row there.
+    pub file: FileId,
+    pub offset: u64,
+    pub rows: u64,
+    pub data: BlockData,
+    /// Deleted rows at the snapshot, bit i = row `offset + i`.
+    pub deleted: Vec<u64>,
+}
+
+impl TableSnapshot {
+    /// Reads every visible row: objects from `store`, in-memory blocks as they are.
+    pub async fn read(
+        &self,
+        store: &dyn ObjectStore,
+        projection: Projection<'_>,
+    ) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            match &part.data {
+                BlockData::Memory(batch) => out.push(file::filter_visible(
+                    batch,
+                    &self.schema,
+                    self.snapshot,
+                    &part.deleted,
+                    projection,
+                )?),
+                BlockData::Object(path) => {
+                    let bytes = file::get(store, path).await?;
+                    out.extend(file::read_visible(
+                        bytes,
+                        &self.schema,
+                        self.snapshot,
+                        &part.deleted,
+                        projection,
+                    )?);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One shard's storage: every table's rows that hash to this shard.
+pub struct Shard {
+    id: u16,
+    config: StorageConfig,
+    tables: Vec<TableState>,
+    next_file_seq: u64,
+    applied_through: Timestamp,
+}
+
+/// The key state a transaction has produced so far, ahead of the index.
+#[derive(Copy, Clone, PartialEq, Eq)]
+enum Planned {
+    Present,
+    Absent,
+}
+
+impl Shard {
+    pub fn new(id: u16, config: StorageConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Shard {
+            id,
+            config,
+            tables: Vec::new(),
+            next_file_seq: 0,
+            applied_through: Timestamp::GENESIS,
+        })
+    }
+
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    /// Adds a table; its id is its position.
+    pub fn add_table(&mut self, schema: Arc<TableSchema>) -> TableId {
+        self.tables.push(TableState {
+            buffer: WriteBuffer::new(schema.clone(), &self.config),
+            schema,
+            index: PrimaryIndex::new(),
+            row_ids: RowIdMap::new(),
+            files: BTreeMap::new(),
+            retired: Vec::new(),
+        });
+        (self.tables.len() - 1) as TableId
+    }
+
+    pub fn schema(&self, table: TableId) -> Result<&Arc<TableSchema>> {
+        Ok(&self.table(table)?.schema)
+    }
+
+    /// The newest timestamp this shard has applied.
+    pub fn applied_through(&self) -> Timestamp {
+        self.applied_through
+    }
+
+    fn table(&self, table: TableId) -> Result<&TableState> {
+        self.tables
+            .get(table as usize)
+            .ok_or(StorageError::UnknownTable(table))
+    }
+
+    /// Applies one mirror transaction's operations (those that belong to this shard) at `ts`,
+    /// in order. Either every operation applies or, on an error naming the operation, none
+    /// does and the shard is exactly as before.
+    pub fn apply<R: RowRef>(&mut self, ts: Timestamp, ops: &[TableOp<R>]) -> Result<ApplyStats> {
+        if ts <= self.applied_through {
+            return Err(StorageError::TimestampBackwards {
+                last: self.applied_through,
+                got: ts,
+            });
+        }
+        let keys = self.plan(ts, ops)?;
+        let mut stats = ApplyStats::default();
+        let mut keys = keys.iter();
+        for op in ops {
+            let t = op.table as usize;
+            match &op.op {
+                RowOp::Insert(row) => {
+                    self.insert(t, keys.next().expect("planned"), row, ts);
+                    stats.inserted += 1;
+                }
+                RowOp::Delete(_) => {
+                    self.delete(t, keys.next().expect("planned"), ts);
+                    stats.deleted += 1;
+                }
+                RowOp::Update { after, .. } => {
+                    self.delete(t, keys.next().expect("planned"), ts);
+                    self.insert(t, keys.next().expect("planned"), after, ts);
+                    stats.deleted += 1;
+                    stats.inserted += 1;
+                }
+            }
+        }
+        self.applied_through = ts;
+        Ok(stats)
+    }
+
+    /// Marks every timestamp up to `ts` as applied on this shard (it had no operations there).
+    pub fn advance(&mut self, ts: Timestamp) -> Result<()> {
+        if ts < self.applied_through {
+            return Err(StorageError::TimestampBackwards {
+                last: self.applied_through,
+                got: ts,
+            });
+        }
+        self.applied_through = ts;
+        Ok(())
+    }
+
+    /// Checks every operation without changing anything and returns their encoded keys in
+    /// order (an update's before-key, then its after-key).
+    fn plan<R: RowRef>(&self, ts: Timestamp, ops: &[TableOp<R>]) -> Result<Vec<Vec<u8>>> {
+        let mut planned: HashMap<(TableId, Vec<u8>), Planned> = HashMap::new();
+        let mut keys = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            let fail = |source| StorageError::Op {
+                index,
+                ts,
+                source: Box::new(source),
+            };
+            let t = self.table(op.table).map_err(fail)?;
+            let state = |key: &Vec<u8>, planned: &HashMap<(TableId, Vec<u8>), Planned>| {
+                planned
+                    .get(&(op.table, key.clone()))
+                    .copied()
+                    .unwrap_or(if t.index.latest(key).is_some() {
+                        Planned::Present
+                    } else {
+                        Planned::Absent
+                    })
+            };
+            let encode_checked = |row: &R, full: bool| -> Result<Vec<u8>> {
+                if full {
+                    t.schema.check_row(row)?;
+                } else {
+                    t.schema.check_key(row)?;
+                }
+                let mut key = Vec::new();
+                encode_key(&t.schema, row, &mut key);
+                Ok(key)
+            };
+            let not_found = |row: &R| StorageError::KeyNotFound {
+                table: t.schema.name().into(),
+                key: display_key(&t.schema, row),
+            };
+            let duplicate = |row: &R| StorageError::DuplicateKey {
+                table: t.schema.name().into(),
+                key: display_key(&t.schema, row),
+            };
+            match &op.op {
+                RowOp::Insert(row) => {
+                    let key = encode_checked(row, true).map_err(fail)?;
+                    if state(&key, &planned) == Planned::Present {
+                        return Err(fail(duplicate(row)));
+                    }
+                    planned.insert((op.table, key.clone()), Planned::Present);
+                    keys.push(key);
+                }
+                RowOp::Delete(row) => {
+                    let key = encode_checked(row, false).map_err(fail)?;
+                    if state(&key, &planned) == Planned::Absent {
+                        return Err(fail(not_found(row)));
+                    }
+                    planned.insert((op.table, key.clone()), Planned::Absent);
+                    keys.push(key);
+                }
+                RowOp::Update { before, after } => {
+                    let old = encode_checked(before, false).map_err(fail)?;
+                    let new = encode_checked(after, true).map_err(fail)?;
+                    if state(&old, &planned) == Planned::Absent {
+                        return Err(fail(not_found(before)));
+                    }
+                    planned.insert((op.table, old.clone()), Planned::Absent);
+                    if state(&new, &planned) == Planned::Present {
+                        return Err(fail(duplicate(after)));
+                    }
+                    planned.insert((op.table, new.clone()), Planned::Present);
+                    keys.push(old);
+                    keys.push(new);
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    fn insert<R: RowRef + ?Sized>(&mut self, t: usize, key: &[u8], row: &R, ts: Timestamp) {
+        if self.tables[t].buffer.needs_file() {
+            let id = FileId::new(self.id, self.next_file_seq);
+            self.next_file_seq += 1;
+            let table = &mut self.tables[t];
+            let new = table.buffer.start_file(id);
+            table.row_ids.map(
+                new.first_row,
+                Extent {
+                    file: id,
+                    offset: 0,
+                    rows: new.capacity,
+                },
+            );
+            table.files.insert(
+                id,
+                FileEntry {
+                    visibility: FileVisibility::new(self.config.tile_rows)
+                        .expect("tile rows were validated"),
+                    regular: None,
+                },
+            );
+        }
+        let table = &mut self.tables[t];
+        let (row_id, at) = table.buffer.append(row, ts);
+        table
+            .files
+            .get_mut(&at.file)
+            .expect("the appending file is tracked")
+            .visibility
+            .extend_to(at.offset + 1);
+        table
+            .index
+            .put(key, ts, row_id)
+            .expect("transactions apply in timestamp order");
+    }
+
+    fn delete(&mut self, t: usize, key: &[u8], ts: Timestamp) {
+        let table = &mut self.tables[t];
+        let row_id = table.index.latest(key).expect("planned deletes hit live keys");
+        let at = table
+            .row_ids
+            .locate(row_id)
+            .expect("every row id is mapped");
+        table
+            .files
+            .get_mut(&at.file)
+            .expect("every mapped file is tracked")
+            .visibility
+            .delete(at.offset, ts)
+            .expect("a live key's row is not deleted");
+        table
+            .index
+            .tombstone(key, ts)
+            .expect("transactions apply in timestamp order");
+    }
+
+    /// What a query at `snapshot` reads of `table`. A snapshot newer than the applied
+    /// timestamp, or older than the last fold, is refused.
+    pub fn snapshot(&self, table: TableId, snapshot: Timestamp) -> Result<TableSnapshot> {
+        if snapshot > self.applied_through {
+            return Err(StorageError::SnapshotInFuture {
+                requested: snapshot,
+                applied_through: self.applied_through,
+            });
+        }
+        let t = self.table(table)?;
+        let mut parts = Vec::new();
+        for (&id, entry) in &t.files {
+            if let Some(groups) = &entry.regular {
+                let rows = groups.iter().map(|g| g.rows).sum();
+                let mut deleted = Vec::new();
+                entry
+                    .visibility
+                    .bitmap_range(0, rows, snapshot, &mut deleted)?;
+                parts.push(SnapshotPart {
+                    file: id,
+                    offset: 0,
+                    rows,
+                    data: BlockData::Object(file_path(t.schema.name(), id)),
+                    deleted,
+                });
+            }
+        }
+        for block in t.buffer.blocks() {
+            let vis = &t.files[&block.id.file].visibility;
+            let mut deleted = Vec::new();
+            vis.bitmap_range(block.offset, block.rows, snapshot, &mut deleted)?;
+            parts.push(SnapshotPart {
+                file: block.id.file,
+                offset: block.offset,
+                rows: block.rows,
+                data: block.data,
+                deleted,
+            });
+        }
+        Ok(TableSnapshot {
+            schema: t.schema.clone(),
+            snapshot,
+            parts,
+        })
+    }
+
+    /// Every immutable block waiting to be flushed, marked as flushing.
+    pub fn take_flush_jobs(&mut self) -> Vec<(TableId, FlushJob)> {
+        let mut jobs = Vec::new();
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            jobs.extend(
+                table
+                    .buffer
+                    .take_flush_jobs()
+                    .into_iter()
+                    .map(|j| (t as TableId, j)),
+            );
+        }
+        jobs
+    }
+
+    pub fn flush_done(&mut self, table: TableId, block: BlockId) {
+        self.tables[table as usize].buffer.flush_done(block);
+    }
+
+    pub fn flush_failed(&mut self, table: TableId, block: BlockId) {
+        self.tables[table as usize].buffer.flush_failed(block);
+    }
+
+    /// Full virtual files whose blocks are all flushed, marked as combining.
+    pub fn take_combine_jobs(&mut self) -> Vec<(TableId, CombineJob)> {
+        let mut jobs = Vec::new();
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            while let Some(job) = table.buffer.take_combine_job() {
+                jobs.push((t as TableId, job));
+            }
+        }
+        jobs
+    }
+
+    /// The combined file is durable: later snapshots read it instead of the blocks, which
+    /// retire until no query can read them.
+    pub fn combine_done(&mut self, table: TableId, job: CombineJob, groups: Vec<RowGroupInfo>) {
+        let applied = self.applied_through;
+        let t = &mut self.tables[table as usize];
+        let virtual_file = t.buffer.combine_done(job.file);
+        assert_eq!(
+            groups.iter().map(|g| g.rows).sum::<u64>(),
+            virtual_file.rows(),
+            "a combined file holds its virtual file's rows"
+        );
+        t.files
+            .get_mut(&job.file)
+            .expect("a combined file is tracked")
+            .regular = Some(groups);
+        t.retired.push(Retired {
+            replaced_at: applied,
+            paths: job.blocks,
+        });
+    }
+
+    pub fn combine_failed(&mut self, table: TableId, file: FileId) {
+        self.tables[table as usize].buffer.combine_failed(file);
+    }
+
+    /// Objects no query can read any more now that every query older than `lwm` has ended.
+    pub fn take_deletable(&mut self, lwm: Timestamp) -> Vec<Path> {
+        let mut out = Vec::new();
+        for t in &mut self.tables {
+            t.retired.retain_mut(|r| {
+                if r.replaced_at < lwm {
+                    out.append(&mut r.paths);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        out
+    }
+
+    /// Flushes every immutable block and combines every full virtual file, inline. The node
+    /// runs the same steps on its I/O thread; tests, tools and the demo use this.
+    pub async fn flush_and_combine(&mut self, store: &dyn ObjectStore) -> Result<()> {
+        for (t, job) in self.take_flush_jobs() {
+            let schema = self.tables[t as usize].schema.clone();
+            match file::flush_block(store, &schema, &self.config, &job).await {
+                Ok(()) => self.flush_done(t, job.block),
+                Err(e) => {
+                    self.flush_failed(t, job.block);
+                    return Err(e);
+                }
+            }
+        }
+        for (t, job) in self.take_combine_jobs() {
+            let schema = self.tables[t as usize].schema.clone();
+            match file::combine_blocks(store, &schema, &self.config, &job).await {
+                Ok(groups) => self.combine_done(t, job, groups),
+                Err(e) => {
+                    self.combine_failed(t, job.file);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory GC: folds every delete at or before `safe_ts` into the base bitmaps and drops
+    /// index versions no snapshot at or after it can see. Returns the versions dropped.
+    pub fn gc(&mut self, safe_ts: Timestamp) -> usize {
+        assert!(
+            safe_ts <= self.applied_through,
+            "GC at {safe_ts} beyond the applied {}",
+            self.applied_through
+        );
+        let mut dropped = 0;
+        for t in &mut self.tables {
+            for f in t.files.values_mut() {
+                f.visibility.fold(safe_ts);
+            }
+            dropped += t.index.purge(safe_ts);
+        }
+        dropped
+    }
+
+    pub fn memory(&self) -> MemoryUsage {
+        let mut m = MemoryUsage::default();
+        for t in &self.tables {
+            m.index_bytes += t.index.memory_bytes() + t.row_ids.memory_bytes();
+            m.write_buffer_bytes += t.buffer.memory_bytes();
+            m.visibility_bytes += t
+                .files
+                .values()
+                .map(|f| f.visibility.memory_bytes())
+                .sum::<usize>();
+        }
+        m
+    }
+
+    /// Rows stored for `table` (live or deleted) and rows deleted in the newest state.
+    pub fn row_counts(&self, table: TableId) -> Result<(u64, u64)> {
+        let t = self.table(table)?;
+        Ok(t.files.values().fold((0, 0), |(rows, deleted), f| {
+            (
+                rows + f.visibility.rows(),
+                deleted + f.visibility.deleted_rows(),
+            )
+        }))
+    }
+
+    /// Live keys of `table` in the newest state.
+    pub fn live_keys(&self, table: TableId) -> Result<usize> {
+        Ok(self
+            .table(table)?
+            .index
+            .iter_latest()
+            .filter(|(_, r)| r.is_some())
+            .count())
+    }
+}
