@@ -1,1 +1,293 @@
-fn main() {}
+//! Storage microbenchmarks, one core each: write-buffer inserts, visibility deletes,
+//! `bitmap_at`, index updates, shard transactions, plus two sizes that are not times:
+//! visibility bits per row after a fold and `_create_ts` bits per row on disk.
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use retina_bench::ch::{OrderLines, orderline_schema};
+use retina_bench::results::record;
+use retina_storage::key::encode_key;
+use retina_storage::{
+    PrimaryIndex, RowId, RowOp, Shard, StorageConfig, TableOp, TileVisibility, Timestamp,
+    WriteBuffer, file,
+};
+
+fn ts(v: u64) -> Timestamp {
+    Timestamp::new(v).unwrap()
+}
+
+fn write_buffer(c: &mut Criterion) {
+    let schema = orderline_schema();
+    let rows: Vec<_> = OrderLines::new(1, 10).take(65_536).collect();
+    let config = StorageConfig::default();
+    let mut g = c.benchmark_group("write_buffer");
+    g.throughput(Throughput::Elements(rows.len() as u64));
+    g.bench_function("append_orderline", |b| {
+        b.iter_batched(
+            || {
+                let mut buf = WriteBuffer::new(schema.clone(), &config);
+                buf.start_file(retina_storage::FileId::new(0, 0));
+                buf
+            },
+            |mut buf| {
+                for (i, r) in rows.iter().enumerate() {
+                    buf.append(r, ts(i as u64 / 13 + 2));
+                }
+                buf
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+fn visibility(c: &mut Criterion) {
+    const TILES: usize = 256;
+    let mut g = c.benchmark_group("visibility");
+    // Deletes spread over many tiles, timestamps rising: the replay pattern.
+    // Tile i % TILES, offset a permutation of the tile's rows: every delete is a first delete.
+    let offsets: Vec<(usize, u32)> = (0..TILES * 512)
+        .map(|i| (i % TILES, ((i / TILES) * 2654435761 % 4096) as u32))
+        .collect();
+    g.throughput(Throughput::Elements(offsets.len() as u64));
+    g.bench_function("delete", |b| {
+        b.iter_batched(
+            || vec![TileVisibility::new(4096).unwrap(); TILES],
+            |mut tiles| {
+                for (i, &(t, o)) in offsets.iter().enumerate() {
+                    tiles[t].delete(o, ts(i as u64 / 8 + 2)).unwrap();
+                }
+                tiles
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    // bitmap_at on a tile with 512 pending deletes: at the newest snapshot (one copy) and in
+    // the middle of the chain (base copy + OR of half the entries).
+    let mut tile = TileVisibility::new(4096).unwrap();
+    for i in 0..512u32 {
+        tile.delete((i * 2654435761u32) % 4096, ts(u64::from(i) + 2))
+            .unwrap_or(());
+    }
+    let mut out = vec![0u64; tile.words()];
+    g.throughput(Throughput::Elements(4096));
+    g.bench_function("bitmap_at_newest", |b| {
+        b.iter(|| tile.bitmap_at(black_box(ts(1_000)), &mut out).unwrap())
+    });
+    g.bench_function("bitmap_at_mid_chain", |b| {
+        b.iter(|| tile.bitmap_at(black_box(ts(258)), &mut out).unwrap())
+    });
+    let mut folded = tile.clone();
+    folded.fold(ts(400));
+    g.bench_function("bitmap_at_after_fold", |b| {
+        b.iter(|| folded.bitmap_at(black_box(ts(450)), &mut out).unwrap())
+    });
+    g.finish();
+}
+
+fn index(c: &mut Criterion) {
+    let schema = orderline_schema();
+    let keys: Vec<Vec<u8>> = OrderLines::new(2, 10)
+        .take(200_000)
+        .map(|r| {
+            let mut k = Vec::new();
+            encode_key(&schema, &r, &mut k);
+            k
+        })
+        .collect();
+    let mut ix = PrimaryIndex::new();
+    for (i, k) in keys.iter().enumerate() {
+        ix.put(k, ts(2), RowId(i as u64)).unwrap();
+    }
+    let mut g = c.benchmark_group("index");
+    g.throughput(Throughput::Elements(1));
+    let mut now = 3u64;
+    let mut i = 0usize;
+    // An update: look the key up, write the new version (and the old one ages out in GC).
+    g.bench_function("update", |b| {
+        b.iter(|| {
+            let k = &keys[(i * 7919) % keys.len()];
+            let old = ix.latest(k).unwrap();
+            ix.put(k, ts(now), RowId(old.0 + 1)).unwrap();
+            i += 1;
+            now += 1;
+            // GC runs now and then (every 60 s in a node); its cost is spread over updates.
+            if i % (1 << 16) == 0 {
+                ix.purge(ts(now - 1));
+            }
+        })
+    });
+    g.bench_function("lookup", |b| {
+        b.iter(|| {
+            i += 1;
+            black_box(ix.lookup(&keys[(i * 7919) % keys.len()], ts(now)))
+        })
+    });
+    g.finish();
+}
+
+fn shard(c: &mut Criterion) {
+    // Pre-encoded NewOrder-shaped transactions of ~10 order lines, then updates of them.
+    let schema = orderline_schema();
+    let rows: Vec<_> = OrderLines::new(3, 10).take(100_000).collect();
+    let txns: Vec<Vec<TableOp<Vec<retina_storage::Value>>>> = rows
+        .chunks(10)
+        .map(|c| {
+            c.iter()
+                .map(|r| TableOp {
+                    table: 0,
+                    op: RowOp::Insert(r.clone()),
+                })
+                .collect()
+        })
+        .collect();
+    let updates: Vec<Vec<TableOp<Vec<retina_storage::Value>>>> = rows
+        .chunks(10)
+        .map(|c| {
+            c.iter()
+                .map(|r| {
+                    let mut after = r.clone();
+                    after[7] = retina_storage::Value::Int(6);
+                    TableOp {
+                        table: 0,
+                        op: RowOp::Update {
+                            before: r.clone(),
+                            after,
+                        },
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let mut g = c.benchmark_group("shard");
+    g.throughput(Throughput::Elements(rows.len() as u64));
+    let fresh = || {
+        let mut s = Shard::new(0, StorageConfig::default()).unwrap();
+        s.add_table(schema.clone());
+        s
+    };
+    g.bench_function("apply_inserts", |b| {
+        b.iter_batched(
+            fresh,
+            |mut s| {
+                for (i, t) in txns.iter().enumerate() {
+                    s.apply(ts(i as u64 + 2), t).unwrap();
+                }
+                s
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("apply_updates", |b| {
+        b.iter_batched(
+            || {
+                let mut s = fresh();
+                for (i, t) in txns.iter().enumerate() {
+                    s.apply(ts(i as u64 + 2), t).unwrap();
+                }
+                s
+            },
+            |mut s| {
+                let base = txns.len() as u64 + 2;
+                for (i, t) in updates.iter().enumerate() {
+                    s.apply(ts(base + i as u64), t).unwrap();
+                }
+                s
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+}
+
+/// Sizes, not times: printed and recorded to `bench/results/storage_sizes.jsonl`.
+fn sizes(_: &mut Criterion) {
+    // Visibility after a fold: a file of 1M rows with 10% of its rows deleted, folded.
+    let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
+    let t = shard.add_table(orderline_schema());
+    let rows: Vec<_> = OrderLines::new(4, 10).take(1 << 20).collect();
+    for (i, c) in rows.chunks(1000).enumerate() {
+        let ops: Vec<_> = c
+            .iter()
+            .map(|r| TableOp {
+                table: t,
+                op: RowOp::Insert(r.clone()),
+            })
+            .collect();
+        shard.apply(ts(i as u64 + 2), &ops).unwrap();
+    }
+    let mut now = shard.applied_through().get();
+    for c in rows.iter().step_by(10).collect::<Vec<_>>().chunks(100) {
+        now += 1;
+        let ops: Vec<_> = c
+            .iter()
+            .map(|r| TableOp {
+                table: t,
+                op: RowOp::Delete((*r).clone()),
+            })
+            .collect();
+        shard.apply(ts(now), &ops).unwrap();
+    }
+    let before = shard.memory().visibility_bytes as f64 * 8.0 / rows.len() as f64;
+    shard.gc(ts(now));
+    let after = shard.memory().visibility_bytes as f64 * 8.0 / rows.len() as f64;
+    println!(
+        "visibility bits per row: {before:.3} with pending deletes, {after:.3} after the fold (paper: 1.16)"
+    );
+    let _ = record(
+        "storage_sizes",
+        "visibility_bits_per_row_pending",
+        before,
+        "bit/row",
+    );
+    let _ = record(
+        "storage_sizes",
+        "visibility_bits_per_row_folded",
+        after,
+        "bit/row",
+    );
+
+    // `_create_ts` on disk: bulk-loaded (one ts) and replayed (~13 rows per transaction).
+    let schema = orderline_schema();
+    let config = StorageConfig::default();
+    let n = 1 << 20;
+    for (label, rows_per_ts) in [("bulk", usize::MAX), ("replayed", 13)] {
+        let mut buf = WriteBuffer::new(schema.clone(), &config);
+        buf.start_file(retina_storage::FileId::new(0, 0));
+        for (i, r) in rows.iter().take(n).enumerate() {
+            let at = if rows_per_ts == usize::MAX {
+                1
+            } else {
+                i / rows_per_ts + 2
+            };
+            buf.append(r, ts(at as u64));
+        }
+        let batches: Vec<_> = buf.take_flush_jobs().into_iter().map(|j| j.batch).collect();
+        let bytes = file::encode(&schema, &batches, file::writer_properties(&config)).unwrap();
+        let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .unwrap();
+        let ts_col = schema.create_ts_index();
+        let ts_bytes: i64 = meta
+            .row_groups()
+            .iter()
+            .map(|rg| rg.column(ts_col).compressed_size())
+            .sum();
+        let bits = ts_bytes as f64 * 8.0 / n as f64;
+        let total_bits = bytes.len() as f64 * 8.0 / n as f64;
+        println!(
+            "_create_ts {label}: {bits:.3} bits/row on disk (file {total_bits:.1} bits/row; paper: 0.18 bulk, 1.85 replayed)"
+        );
+        let _ = record(
+            "storage_sizes",
+            &format!("create_ts_bits_per_row_{label}"),
+            bits,
+            "bit/row",
+        );
+    }
+}
+
+criterion_group!(benches, sizes, write_buffer, visibility, index, shard);
+criterion_main!(benches);

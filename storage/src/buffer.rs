@@ -307,9 +307,7 @@ impl WriteBuffer {
 
     /// Whether the next append needs a new virtual file (and so a file id).
     pub fn needs_file(&self) -> bool {
-        self.files
-            .back()
-            .is_none_or(|f| f.rows == f.capacity)
+        self.files.back().is_none_or(|f| f.rows == f.capacity)
     }
 
     /// Starts a virtual file under the pre-assigned `id`; the next rows go there.
@@ -388,7 +386,10 @@ impl WriteBuffer {
     /// The block is durable in the object store: drop its memory copy.
     pub fn flush_done(&mut self, block: BlockId) {
         if let Some(state) = self.block_state(block) {
-            assert!(matches!(state, BlockState::Flushing(_)), "{block:?} was not flushing");
+            assert!(
+                matches!(state, BlockState::Flushing(_)),
+                "{block:?} was not flushing"
+            );
             *state = BlockState::Flushed;
         }
     }
@@ -517,7 +518,11 @@ impl WriteBuffer {
             }
             if let Some(active) = &file.active {
                 total += active.create_ts.capacity() * 8;
-                total += active.columns.iter().map(|c| c.memory_bytes()).sum::<usize>();
+                total += active
+                    .columns
+                    .iter()
+                    .map(|c| c.memory_bytes())
+                    .sum::<usize>();
             }
         }
         total

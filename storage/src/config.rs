@@ -56,7 +56,10 @@ impl StorageConfig {
             ));
         }
         if !(0..=22).contains(&self.zstd_level) {
-            return bad(format!("zstd level must be 0..=22, got {}", self.zstd_level));
+            return bad(format!(
+                "zstd level must be 0..=22, got {}",
+                self.zstd_level
+            ));
         }
         Ok(())
     }
@@ -70,10 +73,22 @@ mod tests {
     fn defaults_are_valid_and_relations_checked() {
         StorageConfig::default().validate().unwrap();
         let bad = [
-            StorageConfig { tile_rows: 100, ..Default::default() },
-            StorageConfig { block_rows: 100, ..Default::default() },
-            StorageConfig { row_group_rows: 6000, ..Default::default() },
-            StorageConfig { file_rows: 65_536 * 3 + 8192, ..Default::default() },
+            StorageConfig {
+                tile_rows: 100,
+                ..Default::default()
+            },
+            StorageConfig {
+                block_rows: 100,
+                ..Default::default()
+            },
+            StorageConfig {
+                row_group_rows: 6000,
+                ..Default::default()
+            },
+            StorageConfig {
+                file_rows: 65_536 * 3 + 8192,
+                ..Default::default()
+            },
         ];
         for c in bad {
             assert!(c.validate().is_err(), "{c:?}");

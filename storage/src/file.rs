@@ -51,7 +51,11 @@ pub fn writer_properties(config: &StorageConfig) -> WriterProperties {
 }
 
 /// Encodes batches of the table's stored schema as one Parquet file.
-pub fn encode(schema: &TableSchema, batches: &[RecordBatch], props: WriterProperties) -> Result<Bytes> {
+pub fn encode(
+    schema: &TableSchema,
+    batches: &[RecordBatch],
+    props: WriterProperties,
+) -> Result<Bytes> {
     let mut writer = ArrowWriter::try_new(Vec::new(), schema.arrow_schema().clone(), Some(props))?;
     for b in batches {
         writer.write(b)?;
@@ -254,7 +258,11 @@ pub async fn flush_block(
     config: &StorageConfig,
     job: &FlushJob,
 ) -> Result<()> {
-    let bytes = encode(schema, std::slice::from_ref(&job.batch), writer_properties(config))?;
+    let bytes = encode(
+        schema,
+        std::slice::from_ref(&job.batch),
+        writer_properties(config),
+    )?;
     store.put(&job.path, PutPayload::from(bytes)).await?;
     Ok(())
 }
@@ -309,7 +317,9 @@ pub fn local_store(dir: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
             source: Box::new(e),
         })
     })?;
-    Ok(Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir)?))
+    Ok(Arc::new(
+        object_store::local::LocalFileSystem::new_with_prefix(dir)?,
+    ))
 }
 
 #[cfg(test)]

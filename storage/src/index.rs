@@ -42,15 +42,34 @@ pub struct RowLocation {
     pub offset: u64,
 }
 
-/// A key's versions, oldest first; `None` is a tombstone. Almost every key has one version.
-type Versions = SmallVec<[(Timestamp, Option<RowId>); 1]>;
+/// One version of a key: from `ts` on, the key maps to `row`, or is deleted.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Version {
+    ts: Timestamp,
+    row: u64,
+}
+
+/// `Version::row` of a tombstone. Row ids stay far below it.
+const TOMBSTONE: u64 = u64::MAX;
+
+impl Version {
+    fn row(self) -> Option<RowId> {
+        (self.row != TOMBSTONE).then_some(RowId(self.row))
+    }
+}
+
+/// A key's versions, oldest first. Almost every key has one version, kept inline.
+type Versions = SmallVec<[Version; 1]>;
+
+/// Key bytes; keys up to 24 bytes (most composite integer keys) stay inline.
+type Key = SmallVec<[u8; 24]>;
 
 /// Versioned key -> row id.
 #[derive(Default)]
 pub struct PrimaryIndex {
-    map: HashMap<Box<[u8]>, Versions, FxBuildHasher>,
+    map: HashMap<Key, Versions, FxBuildHasher>,
     versions: usize,
-    key_bytes: usize,
+    spilled_key_bytes: usize,
 }
 
 impl PrimaryIndex {
@@ -65,49 +84,67 @@ impl PrimaryIndex {
         versions
             .iter()
             .rev()
-            .find(|(t, _)| *t <= ts)
-            .and_then(|(_, row)| *row)
+            .find(|v| v.ts <= ts)
+            .and_then(|v| v.row())
     }
 
     /// The row id of the newest version of `key`.
     pub fn latest(&self, key: &[u8]) -> Option<RowId> {
-        self.map.get(key).and_then(|v| v.last()).and_then(|v| v.1)
+        self.map
+            .get(key)
+            .and_then(|v| v.last())
+            .and_then(|v| v.row())
     }
 
     /// Maps `key` to `row` from `ts` on.
     pub fn put(&mut self, key: &[u8], ts: Timestamp, row: RowId) -> Result<()> {
-        self.write(key, ts, Some(row))
+        assert!(row.0 != TOMBSTONE, "row id {} is reserved", row.0);
+        self.write(key, ts, row.0).map(|_| ())
     }
 
     /// Records that `key` is deleted from `ts` on.
     pub fn tombstone(&mut self, key: &[u8], ts: Timestamp) -> Result<()> {
-        self.write(key, ts, None)
+        self.write(key, ts, TOMBSTONE).map(|_| ())
     }
 
-    /// A second write at the same timestamp (a delete and insert in one transaction) replaces
-    /// the first: the transaction's final state of the key is its only version at `ts`.
-    fn write(&mut self, key: &[u8], ts: Timestamp, row: Option<RowId>) -> Result<()> {
+    /// Deletes `key` from `ts` on and returns the row it mapped to until then, in one lookup.
+    pub fn delete_latest(&mut self, key: &[u8], ts: Timestamp) -> Result<Option<RowId>> {
+        self.write(key, ts, TOMBSTONE)
+    }
+
+    /// Writes a version and returns the row the key mapped to before it. A second write at the
+    /// same timestamp (a delete and insert in one transaction) replaces the first: the
+    /// transaction's final state of the key is its only version at `ts`.
+    fn write(&mut self, key: &[u8], ts: Timestamp, row: u64) -> Result<Option<RowId>> {
         if let Some(versions) = self.map.get_mut(key) {
             let last = versions.last_mut().expect("a key has at least one version");
-            if ts < last.0 {
-                return Err(StorageError::TimestampBackwards { last: last.0, got: ts });
+            if ts < last.ts {
+                return Err(StorageError::TimestampBackwards {
+                    last: last.ts,
+                    got: ts,
+                });
             }
-            if ts == last.0 {
-                last.1 = row;
+            let previous = last.row();
+            if ts == last.ts {
+                last.row = row;
             } else {
-                versions.push((ts, row));
+                versions.push(Version { ts, row });
                 self.versions += 1;
             }
-            return Ok(());
+            return Ok(previous);
         }
-        if row.is_none() {
+        if row == TOMBSTONE {
             // Nothing to hide: the key had no version at all.
-            return Ok(());
+            return Ok(None);
         }
-        self.map.insert(key.into(), smallvec::smallvec![(ts, row)]);
+        let key = Key::from_slice(key);
+        if key.spilled() {
+            self.spilled_key_bytes += key.capacity();
+        }
+        self.map
+            .insert(key, smallvec::smallvec![Version { ts, row }]);
         self.versions += 1;
-        self.key_bytes += key.len();
-        Ok(())
+        Ok(None)
     }
 
     /// Drops the versions no snapshot at or after `watermark` can see: for each key, every
@@ -115,12 +152,11 @@ impl PrimaryIndex {
     /// a tombstone. Returns the number of versions dropped.
     pub fn purge(&mut self, watermark: Timestamp) -> usize {
         let before = self.versions;
-        let mut key_bytes = 0;
+        let mut spilled_key_bytes = 0;
         let mut versions = 0;
         self.map.retain(|key, v| {
-            let seen = v.iter().rposition(|(t, _)| *t <= watermark);
-            if let Some(i) = seen {
-                let drop = if v[i].1.is_none() { i + 1 } else { i };
+            if let Some(i) = v.iter().rposition(|x| x.ts <= watermark) {
+                let drop = if v[i].row == TOMBSTONE { i + 1 } else { i };
                 v.drain(..drop);
             }
             if v.is_empty() {
@@ -130,11 +166,13 @@ impl PrimaryIndex {
                 v.shrink_to_fit();
             }
             versions += v.len();
-            key_bytes += key.len();
+            if key.spilled() {
+                spilled_key_bytes += key.capacity();
+            }
             true
         });
         self.versions = versions;
-        self.key_bytes = key_bytes;
+        self.spilled_key_bytes = spilled_key_bytes;
         before - versions
     }
 
@@ -147,19 +185,18 @@ impl PrimaryIndex {
         self.versions
     }
 
-    /// An estimate of the heap this index holds: table slots, key bytes, spilled versions.
+    /// An estimate of the heap this index holds: table slots, long keys, spilled versions.
     pub fn memory_bytes(&self) -> usize {
-        let slot = std::mem::size_of::<(Box<[u8]>, Versions)>() + 1;
-        let spilled = self.versions.saturating_sub(self.map.len())
-            * std::mem::size_of::<(Timestamp, Option<RowId>)>();
-        self.map.capacity() * slot + self.key_bytes + spilled
+        let slot = std::mem::size_of::<(Key, Versions)>() + 1;
+        let spilled = self.versions.saturating_sub(self.map.len()) * std::mem::size_of::<Version>();
+        self.map.capacity() * slot + self.spilled_key_bytes + spilled
     }
 
     /// Every key's newest version, for consistency checks.
     pub fn iter_latest(&self) -> impl Iterator<Item = (&[u8], Option<RowId>)> {
         self.map
             .iter()
-            .map(|(k, v)| (&k[..], v.last().expect("a key has a version").1))
+            .map(|(k, v)| (&k[..], v.last().expect("a key has a version").row()))
     }
 }
 
@@ -273,11 +310,43 @@ mod tests {
     fn row_id_extents_split() {
         let f = |n| FileId::new(0, n);
         let mut m = RowIdMap::new();
-        m.map(RowId(0), Extent { file: f(1), offset: 0, rows: 100 });
-        m.map(RowId(40), Extent { file: f(2), offset: 0, rows: 20 });
-        assert_eq!(m.locate(RowId(39)), Some(RowLocation { file: f(1), offset: 39 }));
-        assert_eq!(m.locate(RowId(45)), Some(RowLocation { file: f(2), offset: 5 }));
-        assert_eq!(m.locate(RowId(60)), Some(RowLocation { file: f(1), offset: 60 }));
+        m.map(
+            RowId(0),
+            Extent {
+                file: f(1),
+                offset: 0,
+                rows: 100,
+            },
+        );
+        m.map(
+            RowId(40),
+            Extent {
+                file: f(2),
+                offset: 0,
+                rows: 20,
+            },
+        );
+        assert_eq!(
+            m.locate(RowId(39)),
+            Some(RowLocation {
+                file: f(1),
+                offset: 39
+            })
+        );
+        assert_eq!(
+            m.locate(RowId(45)),
+            Some(RowLocation {
+                file: f(2),
+                offset: 5
+            })
+        );
+        assert_eq!(
+            m.locate(RowId(60)),
+            Some(RowLocation {
+                file: f(1),
+                offset: 60
+            })
+        );
         assert_eq!(m.locate(RowId(100)), None);
         assert_eq!(m.extents(), 3);
     }

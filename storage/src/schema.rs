@@ -101,7 +101,9 @@ impl TableSchema {
         let mut seen = HashSet::new();
         for c in &columns {
             if c.name == CREATE_TS_COLUMN {
-                return Err(err(format!("`{CREATE_TS_COLUMN}` is a reserved column name")));
+                return Err(err(format!(
+                    "`{CREATE_TS_COLUMN}` is a reserved column name"
+                )));
             }
             if !seen.insert(c.name.as_str()) {
                 return Err(err(format!("column `{}` is defined twice", c.name)));
@@ -291,12 +293,21 @@ mod tests {
     fn value_errors() {
         let s = t();
         assert!(s.check_row(&[Value::Int(1), Value::Decimal(9999)]).is_ok());
-        assert!(s.check_row(&[Value::Int(1), Value::Decimal(10000)]).is_err());
+        assert!(
+            s.check_row(&[Value::Int(1), Value::Decimal(10000)])
+                .is_err()
+        );
         assert!(s.check_row(&[Value::Int(1 << 40), Value::Null]).is_err());
         assert!(s.check_row(&[Value::Null, Value::Null]).is_err());
-        assert!(s.check_row(&[Value::Utf8("1".into()), Value::Null]).is_err());
+        assert!(
+            s.check_row(&[Value::Utf8("1".into()), Value::Null])
+                .is_err()
+        );
         assert!(s.check_row(&[Value::Int(1)]).is_err());
-        assert!(s.check_key(&[Value::Int(1), Value::Utf8("x".into())]).is_ok());
+        assert!(
+            s.check_key(&[Value::Int(1), Value::Utf8("x".into())])
+                .is_ok()
+        );
         let e = s.check_row(&[Value::Float(1.0), Value::Null]).unwrap_err();
         assert_eq!(
             e.to_string(),

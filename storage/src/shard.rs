@@ -134,6 +134,7 @@ pub struct Shard {
     tables: Vec<TableState>,
     next_file_seq: u64,
     applied_through: Timestamp,
+    plan: Plan,
 }
 
 /// The key state a transaction has produced so far, ahead of the index.
@@ -141,6 +142,59 @@ pub struct Shard {
 enum Planned {
     Present,
     Absent,
+}
+
+/// Scratch space of [`Shard::apply`], kept between transactions so that planning allocates
+/// nothing in the steady state.
+#[derive(Default)]
+struct Plan {
+    /// Every encoded key of the transaction, back to back.
+    arena: Vec<u8>,
+    /// Each operation's keys in `arena`, in order (an update has two).
+    keys: Vec<std::ops::Range<usize>>,
+    /// Keys the transaction touched so far and their state: (table, key, state, previous
+    /// entry with the same hash).
+    touched: Vec<(TableId, std::ops::Range<usize>, Planned, Option<usize>)>,
+    /// Hash of (table, key) -> newest entry in `touched` with that hash.
+    heads: HashMap<u64, usize, rustc_hash::FxBuildHasher>,
+}
+
+impl Plan {
+    fn clear(&mut self) {
+        self.arena.clear();
+        self.keys.clear();
+        self.touched.clear();
+        self.heads.clear();
+    }
+
+    fn hash(table: TableId, key: &[u8]) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = rustc_hash::FxBuildHasher.build_hasher();
+        table.hash(&mut h);
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    /// The state this transaction left `key` in, if it touched it.
+    fn touched(&self, table: TableId, key: std::ops::Range<usize>) -> Option<Planned> {
+        let bytes = &self.arena[key];
+        let mut at = self.heads.get(&Self::hash(table, bytes)).copied();
+        while let Some(i) = at {
+            let (t, range, state, prev) = &self.touched[i];
+            if *t == table && &self.arena[range.clone()] == bytes {
+                return Some(*state);
+            }
+            at = *prev;
+        }
+        None
+    }
+
+    fn set(&mut self, table: TableId, key: std::ops::Range<usize>, state: Planned) {
+        let h = Self::hash(table, &self.arena[key.clone()]);
+        let i = self.touched.len();
+        let prev = self.heads.insert(h, i);
+        self.touched.push((table, key, state, prev));
+    }
 }
 
 impl Shard {
@@ -152,6 +206,7 @@ impl Shard {
             tables: Vec::new(),
             next_file_seq: 0,
             applied_through: Timestamp::GENESIS,
+            plan: Plan::default(),
         })
     }
 
@@ -201,9 +256,14 @@ impl Shard {
                 got: ts,
             });
         }
-        let keys = self.plan(ts, ops)?;
+        let mut plan = std::mem::take(&mut self.plan);
+        let planned = self.plan(ts, ops, &mut plan);
+        if let Err(e) = planned {
+            self.plan = plan;
+            return Err(e);
+        }
         let mut stats = ApplyStats::default();
-        let mut keys = keys.iter();
+        let mut keys = plan.keys.iter().map(|r| &plan.arena[r.clone()]);
         for op in ops {
             let t = op.table as usize;
             match &op.op {
@@ -223,6 +283,7 @@ impl Shard {
                 }
             }
         }
+        self.plan = plan;
         self.applied_through = ts;
         Ok(stats)
     }
@@ -239,11 +300,10 @@ impl Shard {
         Ok(())
     }
 
-    /// Checks every operation without changing anything and returns their encoded keys in
-    /// order (an update's before-key, then its after-key).
-    fn plan<R: RowRef>(&self, ts: Timestamp, ops: &[TableOp<R>]) -> Result<Vec<Vec<u8>>> {
-        let mut planned: HashMap<(TableId, Vec<u8>), Planned> = HashMap::new();
-        let mut keys = Vec::with_capacity(ops.len());
+    /// Checks every operation without changing anything, leaving their encoded keys in
+    /// `plan` in order (an update's before-key, then its after-key).
+    fn plan<R: RowRef>(&self, ts: Timestamp, ops: &[TableOp<R>], plan: &mut Plan) -> Result<()> {
+        plan.clear();
         for (index, op) in ops.iter().enumerate() {
             let fail = |source| StorageError::Op {
                 index,
@@ -251,68 +311,66 @@ impl Shard {
                 source: Box::new(source),
             };
             let t = self.table(op.table).map_err(fail)?;
-            let state = |key: &Vec<u8>, planned: &HashMap<(TableId, Vec<u8>), Planned>| {
-                planned
-                    .get(&(op.table, key.clone()))
-                    .copied()
-                    .unwrap_or(if t.index.latest(key).is_some() {
+            let schema = &t.schema;
+            // Encodes a checked row's key into the arena; its state now: as this transaction
+            // left it, else as the index has it.
+            let key_of = |row: &R, full: bool, plan: &mut Plan| -> Result<_> {
+                if full {
+                    schema.check_row(row)?;
+                } else {
+                    schema.check_key(row)?;
+                }
+                let start = plan.arena.len();
+                encode_key(schema, row, &mut plan.arena);
+                let range = start..plan.arena.len();
+                let state = plan.touched(op.table, range.clone()).unwrap_or_else(|| {
+                    if t.index.latest(&plan.arena[range.clone()]).is_some() {
                         Planned::Present
                     } else {
                         Planned::Absent
-                    })
-            };
-            let encode_checked = |row: &R, full: bool| -> Result<Vec<u8>> {
-                if full {
-                    t.schema.check_row(row)?;
-                } else {
-                    t.schema.check_key(row)?;
-                }
-                let mut key = Vec::new();
-                encode_key(&t.schema, row, &mut key);
-                Ok(key)
+                    }
+                });
+                plan.keys.push(range.clone());
+                Ok((range, state))
             };
             let not_found = |row: &R| StorageError::KeyNotFound {
-                table: t.schema.name().into(),
-                key: display_key(&t.schema, row),
+                table: schema.name().into(),
+                key: display_key(schema, row),
             };
             let duplicate = |row: &R| StorageError::DuplicateKey {
-                table: t.schema.name().into(),
-                key: display_key(&t.schema, row),
+                table: schema.name().into(),
+                key: display_key(schema, row),
             };
             match &op.op {
                 RowOp::Insert(row) => {
-                    let key = encode_checked(row, true).map_err(fail)?;
-                    if state(&key, &planned) == Planned::Present {
+                    let (key, state) = key_of(row, true, plan).map_err(fail)?;
+                    if state == Planned::Present {
                         return Err(fail(duplicate(row)));
                     }
-                    planned.insert((op.table, key.clone()), Planned::Present);
-                    keys.push(key);
+                    plan.set(op.table, key, Planned::Present);
                 }
                 RowOp::Delete(row) => {
-                    let key = encode_checked(row, false).map_err(fail)?;
-                    if state(&key, &planned) == Planned::Absent {
+                    let (key, state) = key_of(row, false, plan).map_err(fail)?;
+                    if state == Planned::Absent {
                         return Err(fail(not_found(row)));
                     }
-                    planned.insert((op.table, key.clone()), Planned::Absent);
-                    keys.push(key);
+                    plan.set(op.table, key, Planned::Absent);
                 }
                 RowOp::Update { before, after } => {
-                    let old = encode_checked(before, false).map_err(fail)?;
-                    let new = encode_checked(after, true).map_err(fail)?;
-                    if state(&old, &planned) == Planned::Absent {
+                    let (old, state) = key_of(before, false, plan).map_err(fail)?;
+                    if state == Planned::Absent {
                         return Err(fail(not_found(before)));
                     }
-                    planned.insert((op.table, old.clone()), Planned::Absent);
-                    if state(&new, &planned) == Planned::Present {
+                    plan.set(op.table, old, Planned::Absent);
+                    let (new, state) = key_of(after, true, plan).map_err(fail)?;
+                    if state == Planned::Present {
                         return Err(fail(duplicate(after)));
                     }
-                    planned.insert((op.table, new.clone()), Planned::Present);
-                    keys.push(old);
-                    keys.push(new);
+                    plan.set(op.table, new, Planned::Present);
                 }
             }
         }
-        Ok(keys)
+        Ok(())
     }
 
     fn insert<R: RowRef + ?Sized>(&mut self, t: usize, key: &[u8], row: &R, ts: Timestamp) {
@@ -354,7 +412,11 @@ impl Shard {
 
     fn delete(&mut self, t: usize, key: &[u8], ts: Timestamp) {
         let table = &mut self.tables[t];
-        let row_id = table.index.latest(key).expect("planned deletes hit live keys");
+        let row_id = table
+            .index
+            .delete_latest(key, ts)
+            .expect("transactions apply in timestamp order")
+            .expect("planned deletes hit live keys");
         let at = table
             .row_ids
             .locate(row_id)
@@ -366,10 +428,6 @@ impl Shard {
             .visibility
             .delete(at.offset, ts)
             .expect("a live key's row is not deleted");
-        table
-            .index
-            .tombstone(key, ts)
-            .expect("transactions apply in timestamp order");
     }
 
     /// What a query at `snapshot` reads of `table`. A snapshot newer than the applied

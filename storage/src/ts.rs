@@ -168,7 +168,10 @@ mod tests {
         let mut lwm = Lwm::new(Timestamp::new(5).unwrap());
         assert!(lwm.advance(Lwm::INITIAL).is_err());
         assert_eq!(lwm.safe_gc_ts(hwm).get(), 5);
-        assert_eq!(Lwm::new(Timestamp::new(50).unwrap()).safe_gc_ts(hwm).get(), 10);
+        assert_eq!(
+            Lwm::new(Timestamp::new(50).unwrap()).safe_gc_ts(hwm).get(),
+            10
+        );
     }
 
     #[test]

@@ -55,12 +55,10 @@ impl FileVisibility {
             });
         }
         let (tile, in_tile) = self.split(offset);
-        self.tiles[tile]
-            .delete(in_tile, ts)
-            .map_err(|e| match e {
-                StorageError::AlreadyDeleted { .. } => StorageError::AlreadyDeleted { offset },
-                other => other,
-            })
+        self.tiles[tile].delete(in_tile, ts).map_err(|e| match e {
+            StorageError::AlreadyDeleted { .. } => StorageError::AlreadyDeleted { offset },
+            other => other,
+        })
     }
 
     pub fn is_deleted_now(&self, offset: u64) -> bool {

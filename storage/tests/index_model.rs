@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use retina_storage::key::{decode_key, encode_key};
-use retina_storage::{ColumnDef, ColumnType, PrimaryIndex, RowId, Timestamp, TableSchema, Value};
+use retina_storage::{ColumnDef, ColumnType, PrimaryIndex, RowId, TableSchema, Timestamp, Value};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -135,7 +135,14 @@ fn key_schema() -> std::sync::Arc<TableSchema> {
     let cols = vec![
         ColumnDef::new("i", ColumnType::Int32, false),
         ColumnDef::new("s", ColumnType::Utf8, false),
-        ColumnDef::new("d", ColumnType::Decimal { precision: 38, scale: 4 }, false),
+        ColumnDef::new(
+            "d",
+            ColumnType::Decimal {
+                precision: 38,
+                scale: 4,
+            },
+            false,
+        ),
         ColumnDef::new("day", ColumnType::Date, false),
         ColumnDef::new("at", ColumnType::Timestamp, false),
         ColumnDef::new("b", ColumnType::Boolean, false),

@@ -21,7 +21,14 @@ fn schemas() -> [Arc<TableSchema>; 2] {
         vec![
             ColumnDef::new("id", ColumnType::Int32, false),
             ColumnDef::new("name", ColumnType::Utf8, true),
-            ColumnDef::new("amount", ColumnType::Decimal { precision: 10, scale: 2 }, false),
+            ColumnDef::new(
+                "amount",
+                ColumnType::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+                false,
+            ),
             ColumnDef::new("day", ColumnType::Date, true),
             ColumnDef::new("at", ColumnType::Timestamp, true),
             ColumnDef::new("flag", ColumnType::Boolean, true),
@@ -47,9 +54,22 @@ fn schemas() -> [Arc<TableSchema>; 2] {
 /// live keys (or, now and then, a key that may not exist), so most transactions are valid.
 #[derive(Clone, Debug)]
 enum GenOp {
-    Insert { table: u32, k: u8, seed: u16 },
-    Delete { table: u32, pick: u16, any: Option<u8> },
-    Update { table: u32, pick: u16, to_k: Option<u8>, seed: u16 },
+    Insert {
+        table: u32,
+        k: u8,
+        seed: u16,
+    },
+    Delete {
+        table: u32,
+        pick: u16,
+        any: Option<u8>,
+    },
+    Update {
+        table: u32,
+        pick: u16,
+        to_k: Option<u8>,
+        seed: u16,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -136,7 +156,9 @@ impl Model {
                 }
                 RowOp::Update { before, after } => {
                     t.remove(&model_key(op.table, before))?;
-                    if t.insert(model_key(op.table, after), (after.clone(), ts)).is_some() {
+                    if t.insert(model_key(op.table, after), (after.clone(), ts))
+                        .is_some()
+                    {
                         return None;
                     }
                 }
@@ -151,7 +173,10 @@ fn k_of(table: u32, r: &[Value]) -> u8 {
     match (table, &r[0], &r[1]) {
         (0, Value::Int(id), _) => *id as u8,
         (_, Value::Utf8(region), Value::Int(n)) => {
-            let r = ["north", "south", "e\0ast"].iter().position(|x| x == region).unwrap();
+            let r = ["north", "south", "e\0ast"]
+                .iter()
+                .position(|x| x == region)
+                .unwrap();
             ((n + 40) * 3) as u8 + r as u8
         }
         _ => unreachable!(),
@@ -169,17 +194,32 @@ fn to_ops(ops: &[GenOp], state: &[TableModel; 2]) -> Vec<TableOp<Vec<Value>>> {
     };
     ops.iter()
         .map(|op| match *op {
-            GenOp::Insert { table, k, seed } => TableOp { table, op: RowOp::Insert(row(table, k, seed)) },
-            GenOp::Delete { table, pick: p, any } => {
+            GenOp::Insert { table, k, seed } => TableOp {
+                table,
+                op: RowOp::Insert(row(table, k, seed)),
+            },
+            GenOp::Delete {
+                table,
+                pick: p,
+                any,
+            } => {
                 // A delete's before-image may carry only the key.
                 let mut r = row(table, any.unwrap_or_else(|| pick(table, p)), 1);
                 let key_cols = if table == 0 { 1 } else { 2 };
                 for v in &mut r[key_cols..] {
                     *v = Value::Null;
                 }
-                TableOp { table, op: RowOp::Delete(r) }
+                TableOp {
+                    table,
+                    op: RowOp::Delete(r),
+                }
             }
-            GenOp::Update { table, pick: p, to_k, seed } => {
+            GenOp::Update {
+                table,
+                pick: p,
+                to_k,
+                seed,
+            } => {
                 let from = pick(table, p);
                 TableOp {
                     table,
@@ -301,32 +341,100 @@ fn rejected_operations_name_the_key_and_change_nothing() {
     let [a, _] = schemas();
     let t = shard.add_table(a);
     let ts = |v| Timestamp::new(v).unwrap();
-    shard.apply(ts(2), &[TableOp { table: t, op: RowOp::Insert(row(0, 1, 1)) }]).unwrap();
-    let before = (shard.row_counts(t).unwrap(), shard.live_keys(t).unwrap(), shard.memory());
+    shard
+        .apply(
+            ts(2),
+            &[TableOp {
+                table: t,
+                op: RowOp::Insert(row(0, 1, 1)),
+            }],
+        )
+        .unwrap();
+    let before = (
+        shard.row_counts(t).unwrap(),
+        shard.live_keys(t).unwrap(),
+        shard.memory(),
+    );
 
     let err = shard
-        .apply(ts(3), &[
-            TableOp { table: t, op: RowOp::Insert(row(0, 2, 1)) },
-            TableOp { table: t, op: RowOp::Delete(row(0, 7, 1)) },
-        ])
+        .apply(
+            ts(3),
+            &[
+                TableOp {
+                    table: t,
+                    op: RowOp::Insert(row(0, 2, 1)),
+                },
+                TableOp {
+                    table: t,
+                    op: RowOp::Delete(row(0, 7, 1)),
+                },
+            ],
+        )
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "operation 1 of the transaction at ts 3: table `orders`: key (id=7) does not exist"
     );
     let err = shard
-        .apply(ts(3), &[TableOp { table: t, op: RowOp::Insert(row(0, 1, 2)) }])
+        .apply(
+            ts(3),
+            &[TableOp {
+                table: t,
+                op: RowOp::Insert(row(0, 1, 2)),
+            }],
+        )
         .unwrap_err();
-    assert!(err.to_string().ends_with("key (id=1) already exists"), "{err}");
+    assert!(
+        err.to_string().ends_with("key (id=1) already exists"),
+        "{err}"
+    );
     let mut bad = row(0, 3, 1);
     bad[2] = Value::Utf8("12.5".into());
-    let err = shard.apply(ts(3), &[TableOp { table: t, op: RowOp::Insert(bad) }]).unwrap_err();
-    assert!(err.to_string().ends_with("column `amount`: string value for a decimal(10,2) column"), "{err}");
-    let err = shard.apply(ts(3), &[TableOp { table: 9, op: RowOp::Insert(row(0, 3, 1)) }]).unwrap_err();
+    let err = shard
+        .apply(
+            ts(3),
+            &[TableOp {
+                table: t,
+                op: RowOp::Insert(bad),
+            }],
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("column `amount`: string value for a decimal(10,2) column"),
+        "{err}"
+    );
+    let err = shard
+        .apply(
+            ts(3),
+            &[TableOp {
+                table: 9,
+                op: RowOp::Insert(row(0, 3, 1)),
+            }],
+        )
+        .unwrap_err();
     assert!(err.to_string().ends_with("unknown table id 9"), "{err}");
-    let err = shard.apply(ts(2), &[TableOp { table: t, op: RowOp::Insert(row(0, 3, 1)) }]).unwrap_err();
-    assert!(matches!(err, StorageError::TimestampBackwards { .. }), "{err}");
+    let err = shard
+        .apply(
+            ts(2),
+            &[TableOp {
+                table: t,
+                op: RowOp::Insert(row(0, 3, 1)),
+            }],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, StorageError::TimestampBackwards { .. }),
+        "{err}"
+    );
 
-    assert_eq!(before, (shard.row_counts(t).unwrap(), shard.live_keys(t).unwrap(), shard.memory()));
+    assert_eq!(
+        before,
+        (
+            shard.row_counts(t).unwrap(),
+            shard.live_keys(t).unwrap(),
+            shard.memory()
+        )
+    );
     assert_eq!(shard.applied_through(), ts(2));
 }

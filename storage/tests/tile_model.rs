@@ -4,13 +4,17 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use retina_storage::{FileVisibility, StorageError, Timestamp, TileVisibility};
+use retina_storage::{FileVisibility, StorageError, TileVisibility, Timestamp};
 
 #[derive(Clone, Debug)]
 enum Op {
     /// Delete `offset` at the current ts plus `advance` (0 keeps the timestamp: one txn
     /// deleting several rows); `back` tries an older timestamp instead.
-    Delete { offset: u32, advance: u64, back: bool },
+    Delete {
+        offset: u32,
+        advance: u64,
+        back: bool,
+    },
     /// Fold at `current - lag`.
     Fold { lag: u64 },
     /// Read at `current - lag`.
