@@ -34,17 +34,45 @@ fn entry_ts(e: u64) -> u64 {
 /// The visibility of one tile of rows.
 #[derive(Clone)]
 pub struct TileVisibility {
-    rows: u32,
     /// Rows deleted at or before `base_ts`; `None` while none is.
     base: Option<Box<[u64]>>,
     /// 0 until the first fold: the base then holds every delete at or before it.
     base_ts: u64,
+    /// Deletes newer than `base_ts`; `None` once folded away, so a quiet tile costs one
+    /// bitmap and a few words.
+    pending: Option<Box<Pending>>,
+    rows: u32,
+}
+
+#[derive(Clone)]
+struct Pending {
     chain: Vec<EntryBlock>,
     entries: usize,
     /// `base | every chain entry`: the newest state, so a delete checks for a second delete of
-    /// the same row in O(1) and a fresh snapshot copies one bitmap. Present iff `entries > 0`.
-    latest: Option<Box<[u64]>>,
+    /// the same row in O(1) and a fresh snapshot copies one bitmap.
+    latest: Box<[u64]>,
     last_delete_ts: u64,
+}
+
+impl Pending {
+    /// The number of chain blocks holding an entry at or below `ts` (entries are sorted).
+    fn blocks_reaching(&self, ts: u64) -> usize {
+        self.chain.partition_point(|b| entry_ts(b.0[0]) <= ts)
+    }
+
+    /// The number of entries at or below `ts`.
+    fn entries_at_or_below(&self, ts: u64) -> usize {
+        let blocks = self.blocks_reaching(ts);
+        if blocks == 0 {
+            return 0;
+        }
+        let last = &self.chain[blocks - 1].0;
+        let in_last = last
+            .iter()
+            .filter(|&&e| e != 0 && entry_ts(e) <= ts)
+            .count();
+        (blocks - 1) * ENTRIES_PER_BLOCK + in_last
+    }
 }
 
 impl TileVisibility {
@@ -52,13 +80,10 @@ impl TileVisibility {
     pub fn new(rows: u32) -> Result<Self> {
         check_tile_rows(rows)?;
         Ok(TileVisibility {
-            rows,
             base: None,
             base_ts: 0,
-            chain: Vec::new(),
-            entries: 0,
-            latest: None,
-            last_delete_ts: 0,
+            pending: None,
+            rows,
         })
     }
 
@@ -73,7 +98,7 @@ impl TileVisibility {
 
     /// Entries not yet folded into the base.
     pub fn pending_entries(&self) -> usize {
-        self.entries
+        self.pending.as_ref().map_or(0, |p| p.entries)
     }
 
     /// The oldest snapshot this tile can still answer for.
@@ -81,9 +106,17 @@ impl TileVisibility {
         Timestamp::new(self.base_ts).ok()
     }
 
+    /// The newest state's bitmap, if any row is deleted.
+    fn newest(&self) -> Option<&[u64]> {
+        self.pending
+            .as_ref()
+            .map(|p| &p.latest[..])
+            .or(self.base.as_deref())
+    }
+
     /// Records that row `offset` was deleted by the transaction at `ts`. Rejected, leaving the
     /// tile unchanged: an offset out of range, a timestamp older than the tile's last delete or
-    /// than its last fold, and a row that is already deleted.
+    /// not newer than its last fold, and a row that is already deleted.
     pub fn delete(&mut self, offset: u32, ts: Timestamp) -> Result<()> {
         if offset >= self.rows {
             return Err(StorageError::OffsetOutOfRange {
@@ -92,33 +125,40 @@ impl TileVisibility {
                 rows: self.rows.into(),
             });
         }
-        let last = self.last_delete_ts.max(self.base_ts);
+        let last = self.pending.as_ref().map_or(0, |p| p.last_delete_ts);
         if ts.get() < last || ts.get() <= self.base_ts {
             return Err(StorageError::TimestampBackwards {
-                last: Timestamp::new(last).expect("a recorded timestamp is valid"),
+                last: Timestamp::new(last.max(self.base_ts))
+                    .expect("a recorded timestamp is valid"),
                 got: ts,
             });
         }
         let (word, bit) = ((offset / 64) as usize, 1u64 << (offset % 64));
-        let newest = self.latest.as_deref().or(self.base.as_deref());
-        if newest.is_some_and(|w| w[word] & bit != 0) {
+        if self.newest().is_some_and(|w| w[word] & bit != 0) {
             return Err(StorageError::AlreadyDeleted {
                 offset: offset.into(),
             });
         }
         let words = self.words();
-        let latest = self.latest.get_or_insert_with(|| match &self.base {
-            Some(base) => base.clone(),
-            None => vec![0; words].into_boxed_slice(),
+        let base = &self.base;
+        let p = self.pending.get_or_insert_with(|| {
+            Box::new(Pending {
+                chain: Vec::new(),
+                entries: 0,
+                latest: base
+                    .clone()
+                    .unwrap_or_else(|| vec![0; words].into_boxed_slice()),
+                last_delete_ts: 0,
+            })
         });
-        latest[word] |= bit;
-        let slot = self.entries % ENTRIES_PER_BLOCK;
+        p.latest[word] |= bit;
+        let slot = p.entries % ENTRIES_PER_BLOCK;
         if slot == 0 {
-            self.chain.push(EntryBlock::default());
+            p.chain.push(EntryBlock::default());
         }
-        self.chain.last_mut().expect("a block was pushed").0[slot] = entry(offset, ts);
-        self.entries += 1;
-        self.last_delete_ts = ts.get();
+        p.chain.last_mut().expect("a block was pushed").0[slot] = entry(offset, ts);
+        p.entries += 1;
+        p.last_delete_ts = ts.get();
         Ok(())
     }
 
@@ -134,18 +174,19 @@ impl TileVisibility {
                 oldest: Timestamp::new(self.base_ts).expect("a folded timestamp is valid"),
             });
         }
-        if ts >= self.last_delete_ts
-            && let Some(latest) = &self.latest
+        if let Some(p) = &self.pending
+            && ts >= p.last_delete_ts
         {
-            out.copy_from_slice(latest);
+            out.copy_from_slice(&p.latest);
             return Ok(());
         }
         match &self.base {
             Some(base) => out.copy_from_slice(base),
             None => out.fill(0),
         }
-        let blocks = self.blocks_reaching(ts);
-        or_entries_at(out, &self.chain[..blocks], ts);
+        if let Some(p) = &self.pending {
+            or_entries_at(out, &p.chain[..p.blocks_reaching(ts)], ts);
+        }
         Ok(())
     }
 
@@ -156,34 +197,41 @@ impl TileVisibility {
         if ts <= self.base_ts {
             return;
         }
-        let folded = self.entries_at_or_below(ts);
-        if folded > 0 {
-            let words = self.words();
-            let base = self
-                .base
-                .get_or_insert_with(|| vec![0; words].into_boxed_slice());
-            or_entries_at(base, &self.chain[..folded.div_ceil(ENTRIES_PER_BLOCK)], ts);
-            let rest: Vec<u64> = self
-                .chain
-                .iter()
-                .flat_map(|b| b.0)
-                .take(self.entries)
-                .skip(folded)
-                .collect();
-            self.chain = rest
-                .chunks(ENTRIES_PER_BLOCK)
-                .map(|c| {
-                    let mut b = EntryBlock::default();
-                    b.0[..c.len()].copy_from_slice(c);
-                    b
-                })
-                .collect();
-            self.entries = rest.len();
-            if self.entries == 0 {
-                self.latest = None;
-            }
-        }
         self.base_ts = ts;
+        let Some(p) = &mut self.pending else {
+            return;
+        };
+        let folded = p.entries_at_or_below(ts);
+        if folded == 0 {
+            return;
+        }
+        if folded == p.entries {
+            // Everything folds: the newest state is the new base.
+            let p = self.pending.take().expect("matched above");
+            self.base = Some(p.latest);
+            return;
+        }
+        let words = self.rows as usize / 64;
+        let base = self
+            .base
+            .get_or_insert_with(|| vec![0; words].into_boxed_slice());
+        or_entries_at(base, &p.chain[..folded.div_ceil(ENTRIES_PER_BLOCK)], ts);
+        let rest: Vec<u64> = p
+            .chain
+            .iter()
+            .flat_map(|b| b.0)
+            .take(p.entries)
+            .skip(folded)
+            .collect();
+        p.chain = rest
+            .chunks(ENTRIES_PER_BLOCK)
+            .map(|c| {
+                let mut b = EntryBlock::default();
+                b.0[..c.len()].copy_from_slice(c);
+                b
+            })
+            .collect();
+        p.entries = rest.len();
     }
 
     /// Bytes of heap and struct this tile holds.
@@ -191,43 +239,23 @@ impl TileVisibility {
         let words = self.words() * 8;
         std::mem::size_of::<Self>()
             + self.base.as_ref().map_or(0, |_| words)
-            + self.latest.as_ref().map_or(0, |_| words)
-            + self.chain.capacity() * std::mem::size_of::<EntryBlock>()
+            + self.pending.as_ref().map_or(0, |p| {
+                std::mem::size_of::<Pending>()
+                    + words
+                    + p.chain.capacity() * std::mem::size_of::<EntryBlock>()
+            })
     }
 
     /// Rows deleted as of the newest state.
     pub fn deleted_rows(&self) -> u32 {
-        self.latest
-            .as_deref()
-            .or(self.base.as_deref())
+        self.newest()
             .map_or(0, |w| w.iter().map(|x| x.count_ones()).sum())
     }
 
     /// Whether the row is deleted in the newest state.
     pub fn is_deleted_now(&self, offset: u32) -> bool {
-        self.latest
-            .as_deref()
-            .or(self.base.as_deref())
+        self.newest()
             .is_some_and(|w| w[(offset / 64) as usize] & (1 << (offset % 64)) != 0)
-    }
-
-    /// The number of chain blocks holding an entry at or below `ts` (entries are sorted).
-    fn blocks_reaching(&self, ts: u64) -> usize {
-        self.chain.partition_point(|b| entry_ts(b.0[0]) <= ts)
-    }
-
-    /// The number of entries at or below `ts` (entries are sorted).
-    fn entries_at_or_below(&self, ts: u64) -> usize {
-        let blocks = self.blocks_reaching(ts);
-        if blocks == 0 {
-            return 0;
-        }
-        let last = &self.chain[blocks - 1].0;
-        let in_last = last
-            .iter()
-            .filter(|&&e| e != 0 && entry_ts(e) <= ts)
-            .count();
-        (blocks - 1) * ENTRIES_PER_BLOCK + in_last
     }
 }
 
@@ -242,11 +270,25 @@ pub(crate) fn check_tile_rows(rows: u32) -> Result<()> {
 
 /// ORs into `out` every entry of `blocks` whose delete timestamp is at or below `ts`.
 ///
-/// Branch-free per block: the eight entries are decoded and compared lane by lane (the loop the
-/// compiler turns into vector shifts, masks and compares), then scattered. Unused slots are 0,
-/// and `0 - 1` wraps to `u64::MAX`, so they never pass the compare.
+/// Each block of eight entries is decoded and compared lane by lane, then scattered. On the
+/// baseline x86-64 target (no 64-bit lane compares, no per-lane shifts) LLVM keeps even the
+/// branch-free loop scalar, as its assembly shows, so where the CPU has AVX2 the decode and
+/// compare run as explicit 256-bit vector code (about 1.5x faster on 512 entries); elsewhere
+/// the portable loop runs. Both give the same bits (a test checks).
 #[inline]
 fn or_entries_at(out: &mut [u64], blocks: &[EntryBlock], ts: u64) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { avx2::or_entries(out, blocks, ts) };
+        return;
+    }
+    or_entries(out, blocks, ts);
+}
+
+/// The portable loop. Unused slots are 0, and `0 - 1` wraps to `u64::MAX`, so they never pass
+/// the compare.
+fn or_entries(out: &mut [u64], blocks: &[EntryBlock], ts: u64) {
     for block in blocks {
         let mut word = [0usize; ENTRIES_PER_BLOCK];
         let mut bit = [0u64; ENTRIES_PER_BLOCK];
@@ -259,6 +301,48 @@ fn or_entries_at(out: &mut [u64], blocks: &[EntryBlock], ts: u64) {
         }
         for i in 0..ENTRIES_PER_BLOCK {
             out[word[i]] |= bit[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{ENTRIES_PER_BLOCK, EntryBlock, TS_BITS, TS_MASK};
+
+    /// [`super::or_entries`] with the decode and compare in AVX2: two 256-bit lanes per block.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn or_entries(out: &mut [u64], blocks: &[EntryBlock], ts: u64) {
+        let ts_mask = _mm256_set1_epi64x(TS_MASK as i64);
+        let one = _mm256_set1_epi64x(1);
+        let low6 = _mm256_set1_epi64x(63);
+        // Unsigned a < b is signed (a ^ MIN) < (b ^ MIN).
+        let sign = _mm256_set1_epi64x(i64::MIN);
+        let ts_biased = _mm256_xor_si256(_mm256_set1_epi64x(ts as i64), sign);
+        for block in blocks {
+            let mut word = [0u64; ENTRIES_PER_BLOCK];
+            let mut bit = [0u64; ENTRIES_PER_BLOCK];
+            for half in 0..2 {
+                // SAFETY: a block is 64-byte aligned and holds eight u64, so both 32-byte
+                // halves are aligned and in bounds; `word` and `bit` hold eight u64 each.
+                unsafe {
+                    let e = _mm256_load_si256(block.0.as_ptr().add(half * 4).cast());
+                    let t = _mm256_sub_epi64(_mm256_and_si256(e, ts_mask), one);
+                    let applies = _mm256_cmpgt_epi64(ts_biased, _mm256_xor_si256(t, sign));
+                    let offset = _mm256_srli_epi64::<{ TS_BITS as i32 }>(e);
+                    let b = _mm256_sllv_epi64(one, _mm256_and_si256(offset, low6));
+                    let w = _mm256_srli_epi64::<6>(offset);
+                    _mm256_storeu_si256(word.as_mut_ptr().add(half * 4).cast(), w);
+                    _mm256_storeu_si256(
+                        bit.as_mut_ptr().add(half * 4).cast(),
+                        _mm256_and_si256(b, applies),
+                    );
+                }
+            }
+            for i in 0..ENTRIES_PER_BLOCK {
+                out[word[i] as usize] |= bit[i];
+            }
         }
     }
 }
@@ -330,6 +414,24 @@ mod tests {
             std::mem::size_of::<TileVisibility>() + 8,
             "one bit per row once folded"
         );
+    }
+
+    #[test]
+    fn vector_and_portable_or_agree() {
+        let mut blocks = vec![EntryBlock::default(); 40];
+        let mut x = 7u64;
+        for i in 0..317 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            blocks[i / 8].0[i % 8] = entry(((x >> 33) % 4096) as u32, ts(i as u64 / 3 + 1));
+        }
+        for at in [1, 2, 50, 105, 106, 1000] {
+            let (mut a, mut b) = (vec![0u64; 64], vec![0u64; 64]);
+            or_entries(&mut a, &blocks, at);
+            or_entries_at(&mut b, &blocks, at);
+            assert_eq!(a, b, "at {at}");
+        }
     }
 
     #[test]
