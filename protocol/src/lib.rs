@@ -1,5 +1,6 @@
-//! Retina's wire contract. It will hold the rkyv messages between actors (row-operation
-//! batches, watermarks) and the Cap'n Proto schema for query engines; both arrive with the
-//! node and query-path work. Today it only re-exports the storage types the contract speaks of.
+//! Retina's wire contract. `ops`: batches of row operations, rkyv-archived so that a shard reads
+//! them in place. The Cap'n Proto schema for query engines arrives with the query path.
 
-pub use retina_storage::{RowOp, TableId, TableOp, Timestamp, Value};
+pub mod ops;
+
+pub use ops::{OpBatch, ProtocolError, WireOp, WireRow, WireTableOp, WireTxn, WireValue};

@@ -39,6 +39,29 @@ pub struct TableOp<R> {
     pub op: RowOp<R>,
 }
 
+/// A row operation the shard can read in place: an owned [`TableOp`] or an archived wire op.
+pub trait TableOpRef {
+    type Row: RowRef + ?Sized;
+    fn table(&self) -> TableId;
+    fn op(&self) -> RowOp<&Self::Row>;
+}
+
+impl<R: RowRef> TableOpRef for TableOp<R> {
+    type Row = R;
+
+    fn table(&self) -> TableId {
+        self.table
+    }
+
+    fn op(&self) -> RowOp<&R> {
+        match &self.op {
+            RowOp::Insert(r) => RowOp::Insert(r),
+            RowOp::Delete(r) => RowOp::Delete(r),
+            RowOp::Update { before, after } => RowOp::Update { before, after },
+        }
+    }
+}
+
 /// What one applied transaction did.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyStats {
@@ -249,7 +272,7 @@ impl Shard {
     /// Applies one mirror transaction's operations (those that belong to this shard) at `ts`,
     /// in order. Either every operation applies or, on an error naming the operation, none
     /// does and the shard is exactly as before.
-    pub fn apply<R: RowRef>(&mut self, ts: Timestamp, ops: &[TableOp<R>]) -> Result<ApplyStats> {
+    pub fn apply<O: TableOpRef>(&mut self, ts: Timestamp, ops: &[O]) -> Result<ApplyStats> {
         if ts <= self.applied_through {
             return Err(StorageError::TimestampBackwards {
                 last: self.applied_through,
@@ -265,8 +288,8 @@ impl Shard {
         let mut stats = ApplyStats::default();
         let mut keys = plan.keys.iter().map(|r| &plan.arena[r.clone()]);
         for op in ops {
-            let t = op.table as usize;
-            match &op.op {
+            let t = op.table() as usize;
+            match op.op() {
                 RowOp::Insert(row) => {
                     self.insert(t, keys.next().expect("planned"), row, ts);
                     stats.inserted += 1;
@@ -302,7 +325,7 @@ impl Shard {
 
     /// Checks every operation without changing anything, leaving their encoded keys in
     /// `plan` in order (an update's before-key, then its after-key).
-    fn plan<R: RowRef>(&self, ts: Timestamp, ops: &[TableOp<R>], plan: &mut Plan) -> Result<()> {
+    fn plan<O: TableOpRef>(&self, ts: Timestamp, ops: &[O], plan: &mut Plan) -> Result<()> {
         plan.clear();
         for (index, op) in ops.iter().enumerate() {
             let fail = |source| StorageError::Op {
@@ -310,11 +333,12 @@ impl Shard {
                 ts,
                 source: Box::new(source),
             };
-            let t = self.table(op.table).map_err(fail)?;
+            let table = op.table();
+            let t = self.table(table).map_err(fail)?;
             let schema = &t.schema;
             // Encodes a checked row's key into the arena; its state now: as this transaction
             // left it, else as the index has it.
-            let key_of = |row: &R, full: bool, plan: &mut Plan| -> Result<_> {
+            let key_of = |row: &O::Row, full: bool, plan: &mut Plan| -> Result<_> {
                 if full {
                     schema.check_row(row)?;
                 } else {
@@ -323,7 +347,7 @@ impl Shard {
                 let start = plan.arena.len();
                 encode_key(schema, row, &mut plan.arena);
                 let range = start..plan.arena.len();
-                let state = plan.touched(op.table, range.clone()).unwrap_or_else(|| {
+                let state = plan.touched(table, range.clone()).unwrap_or_else(|| {
                     if t.index.latest(&plan.arena[range.clone()]).is_some() {
                         Planned::Present
                     } else {
@@ -333,40 +357,40 @@ impl Shard {
                 plan.keys.push(range.clone());
                 Ok((range, state))
             };
-            let not_found = |row: &R| StorageError::KeyNotFound {
+            let not_found = |row: &O::Row| StorageError::KeyNotFound {
                 table: schema.name().into(),
                 key: display_key(schema, row),
             };
-            let duplicate = |row: &R| StorageError::DuplicateKey {
+            let duplicate = |row: &O::Row| StorageError::DuplicateKey {
                 table: schema.name().into(),
                 key: display_key(schema, row),
             };
-            match &op.op {
+            match op.op() {
                 RowOp::Insert(row) => {
                     let (key, state) = key_of(row, true, plan).map_err(fail)?;
                     if state == Planned::Present {
                         return Err(fail(duplicate(row)));
                     }
-                    plan.set(op.table, key, Planned::Present);
+                    plan.set(table, key, Planned::Present);
                 }
                 RowOp::Delete(row) => {
                     let (key, state) = key_of(row, false, plan).map_err(fail)?;
                     if state == Planned::Absent {
                         return Err(fail(not_found(row)));
                     }
-                    plan.set(op.table, key, Planned::Absent);
+                    plan.set(table, key, Planned::Absent);
                 }
                 RowOp::Update { before, after } => {
                     let (old, state) = key_of(before, false, plan).map_err(fail)?;
                     if state == Planned::Absent {
                         return Err(fail(not_found(before)));
                     }
-                    plan.set(op.table, old, Planned::Absent);
+                    plan.set(table, old, Planned::Absent);
                     let (new, state) = key_of(after, true, plan).map_err(fail)?;
                     if state == Planned::Present {
                         return Err(fail(duplicate(after)));
                     }
-                    plan.set(op.table, new, Planned::Present);
+                    plan.set(table, new, Planned::Present);
                 }
             }
         }

@@ -1,0 +1,251 @@
+//! Row-operation batches from the sink to a shard: the shard's slice of a run of transactions,
+//! in timestamp order, ending in "applied through". Archived with rkyv; the shard validates the
+//! buffer once and then reads rows in place through [`RowRef`] and [`TableOpRef`], without
+//! deserializing.
+
+use retina_storage::{RowOp, RowRef, TableId, TableOp, TableOpRef, Value, ValueRef};
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+/// A value on the wire; the same variants as [`Value`].
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub enum WireValue {
+    Null,
+    Boolean(bool),
+    Int(i64),
+    Float(f64),
+    Decimal(i128),
+    Utf8(String),
+    Date(i32),
+    Timestamp(i64),
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub struct WireRow {
+    pub values: Vec<WireValue>,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub enum WireOp {
+    Insert(WireRow),
+    Delete(WireRow),
+    Update { before: WireRow, after: WireRow },
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub struct WireTableOp {
+    pub table: u32,
+    pub op: WireOp,
+}
+
+/// One mirror transaction's operations for one shard.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub struct WireTxn {
+    pub ts: u64,
+    pub ops: Vec<WireTableOp>,
+}
+
+/// A shard's slice of a run of transactions: `txns` in timestamp order (a transaction with no
+/// operation on this shard is left out), then "applied through `applied_through`", which
+/// covers every timestamp up to it, listed or not.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
+pub struct OpBatch {
+    pub txns: Vec<WireTxn>,
+    pub applied_through: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("an op batch failed validation: {0}")]
+    Invalid(String),
+    #[error("encoding an op batch: {0}")]
+    Encode(String),
+}
+
+impl OpBatch {
+    /// The batch as an rkyv buffer.
+    pub fn encode(&self) -> Result<AlignedVec, ProtocolError> {
+        rkyv::to_bytes::<rancor::Error>(self).map_err(|e| ProtocolError::Encode(e.to_string()))
+    }
+
+    /// The archived batch in `bytes`, validated, to read in place.
+    pub fn access(bytes: &[u8]) -> Result<&ArchivedOpBatch, ProtocolError> {
+        rkyv::access::<ArchivedOpBatch, rancor::Error>(bytes)
+            .map_err(|e| ProtocolError::Invalid(e.to_string()))
+    }
+}
+
+impl From<&Value> for WireValue {
+    fn from(v: &Value) -> Self {
+        match v {
+            Value::Null => WireValue::Null,
+            Value::Boolean(b) => WireValue::Boolean(*b),
+            Value::Int(i) => WireValue::Int(*i),
+            Value::Float(f) => WireValue::Float(*f),
+            Value::Decimal(d) => WireValue::Decimal(*d),
+            Value::Utf8(s) => WireValue::Utf8(s.clone()),
+            Value::Date(d) => WireValue::Date(*d),
+            Value::Timestamp(t) => WireValue::Timestamp(*t),
+        }
+    }
+}
+
+impl From<&[Value]> for WireRow {
+    fn from(r: &[Value]) -> Self {
+        WireRow {
+            values: r.iter().map(WireValue::from).collect(),
+        }
+    }
+}
+
+impl<R: AsRef<[Value]>> From<&TableOp<R>> for WireTableOp {
+    fn from(op: &TableOp<R>) -> Self {
+        let row = |r: &R| WireRow::from(r.as_ref());
+        WireTableOp {
+            table: op.table,
+            op: match &op.op {
+                RowOp::Insert(r) => WireOp::Insert(row(r)),
+                RowOp::Delete(r) => WireOp::Delete(row(r)),
+                RowOp::Update { before, after } => WireOp::Update {
+                    before: row(before),
+                    after: row(after),
+                },
+            },
+        }
+    }
+}
+
+impl RowRef for ArchivedWireRow {
+    fn arity(&self) -> usize {
+        self.values.len()
+    }
+
+    #[inline]
+    fn value(&self, column: usize) -> ValueRef<'_> {
+        match &self.values[column] {
+            ArchivedWireValue::Null => ValueRef::Null,
+            ArchivedWireValue::Boolean(b) => ValueRef::Boolean(*b),
+            ArchivedWireValue::Int(i) => ValueRef::Int(i.to_native()),
+            ArchivedWireValue::Float(f) => ValueRef::Float(f.to_native()),
+            ArchivedWireValue::Decimal(d) => ValueRef::Decimal(d.to_native()),
+            ArchivedWireValue::Utf8(s) => ValueRef::Utf8(s.as_str()),
+            ArchivedWireValue::Date(d) => ValueRef::Date(d.to_native()),
+            ArchivedWireValue::Timestamp(t) => ValueRef::Timestamp(t.to_native()),
+        }
+    }
+}
+
+impl TableOpRef for ArchivedWireTableOp {
+    type Row = ArchivedWireRow;
+
+    fn table(&self) -> TableId {
+        self.table.to_native()
+    }
+
+    fn op(&self) -> RowOp<&ArchivedWireRow> {
+        match &self.op {
+            ArchivedWireOp::Insert(r) => RowOp::Insert(r),
+            ArchivedWireOp::Delete(r) => RowOp::Delete(r),
+            ArchivedWireOp::Update { before, after } => RowOp::Update { before, after },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use retina_storage::{ColumnDef, ColumnType, Shard, StorageConfig, TableSchema, Timestamp};
+
+    #[test]
+    fn a_shard_applies_archived_batches_in_place() {
+        let schema = TableSchema::new(
+            "t",
+            vec![
+                ColumnDef::new("id", ColumnType::Int64, false),
+                ColumnDef::new("s", ColumnType::Utf8, true),
+                ColumnDef::new(
+                    "d",
+                    ColumnType::Decimal {
+                        precision: 20,
+                        scale: 3,
+                    },
+                    true,
+                ),
+            ],
+            &["id"],
+        )
+        .unwrap();
+        let row = |id: i64, s: &str| {
+            vec![
+                Value::Int(id),
+                Value::Utf8(s.into()),
+                Value::Decimal(-12_345),
+            ]
+        };
+        let ops = [
+            TableOp {
+                table: 0,
+                op: RowOp::Insert(row(1, "a")),
+            },
+            TableOp {
+                table: 0,
+                op: RowOp::Insert(row(2, "b")),
+            },
+            TableOp {
+                table: 0,
+                op: RowOp::Update {
+                    before: row(1, "a"),
+                    after: row(3, "c"),
+                },
+            },
+        ];
+        let batch = OpBatch {
+            txns: vec![WireTxn {
+                ts: 2,
+                ops: ops.iter().map(WireTableOp::from).collect(),
+            }],
+            applied_through: 4,
+        };
+        let bytes = batch.encode().unwrap();
+        let archived = OpBatch::access(&bytes).unwrap();
+        let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
+        shard.add_table(schema);
+        for txn in archived.txns.iter() {
+            let ts = Timestamp::new(txn.ts.to_native()).unwrap();
+            shard.apply(ts, &txn.ops[..]).unwrap();
+        }
+        shard
+            .advance(Timestamp::new(archived.applied_through.to_native()).unwrap())
+            .unwrap();
+        assert_eq!(shard.live_keys(0).unwrap(), 2);
+        assert_eq!(shard.applied_through().get(), 4);
+        assert_eq!(archived.txns[0].ops[2].op().clone_rows(), ops[2].op.clone());
+
+        let mut corrupt = bytes.to_vec();
+        let n = corrupt.len();
+        // The root sits at the end: the txns vector (relative pointer, length), then applied_through.
+        corrupt[n - 16..n - 8].fill(0xFF);
+        assert!(
+            OpBatch::access(&corrupt).is_err(),
+            "a damaged buffer is refused"
+        );
+    }
+
+    trait CloneRows {
+        fn clone_rows(&self) -> RowOp<Vec<Value>>;
+    }
+
+    impl CloneRows for RowOp<&ArchivedWireRow> {
+        fn clone_rows(&self) -> RowOp<Vec<Value>> {
+            let own = |r: &ArchivedWireRow| (0..r.arity()).map(|i| r.value(i).to_owned()).collect();
+            match self {
+                RowOp::Insert(r) => RowOp::Insert(own(r)),
+                RowOp::Delete(r) => RowOp::Delete(own(r)),
+                RowOp::Update { before, after } => RowOp::Update {
+                    before: own(before),
+                    after: own(after),
+                },
+            }
+        }
+    }
+}
