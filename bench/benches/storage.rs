@@ -180,6 +180,60 @@ fn shard(c: &mut Criterion) {
             BatchSize::LargeInput,
         )
     });
+    // The same transactions as rkyv op batches of 100 transactions, read in place by the shard:
+    // what a shard does with what the sink sends it.
+    let batches: Vec<_> = txns
+        .chunks(100)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let first = i as u64 * 100 + 2;
+            retina_protocol::OpBatch {
+                txns: chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(j, t)| retina_protocol::WireTxn {
+                        ts: first + j as u64,
+                        ops: t.iter().map(retina_protocol::WireTableOp::from).collect(),
+                    })
+                    .collect(),
+                applied_through: first + chunk.len() as u64 - 1,
+            }
+            .encode()
+            .unwrap()
+        })
+        .collect();
+    g.bench_function("apply_archived_inserts", |b| {
+        b.iter_batched(
+            fresh,
+            |mut s| {
+                for bytes in &batches {
+                    let batch = retina_protocol::OpBatch::access(bytes).unwrap();
+                    for t in batch.txns.iter() {
+                        s.apply(ts(t.ts.to_native()), &t.ops[..]).unwrap();
+                    }
+                }
+                s
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    g.bench_function("encode_batches", |b| {
+        b.iter(|| {
+            for chunk in txns.chunks(100) {
+                let batch = retina_protocol::OpBatch {
+                    txns: chunk
+                        .iter()
+                        .map(|t| retina_protocol::WireTxn {
+                            ts: 2,
+                            ops: t.iter().map(retina_protocol::WireTableOp::from).collect(),
+                        })
+                        .collect(),
+                    applied_through: 2,
+                };
+                black_box(batch.encode().unwrap());
+            }
+        })
+    });
     g.bench_function("apply_updates", |b| {
         b.iter_batched(
             || {
