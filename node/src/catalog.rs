@@ -83,11 +83,10 @@ impl Catalog {
 
 /// Every `CREATE TABLE` of `sql` as a table schema.
 pub fn parse_ddl(sql: &str, source_name: &str) -> Result<Vec<Arc<TableSchema>>, CatalogError> {
-    let statements =
-        Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| CatalogError::Sql {
-            source_name: source_name.into(),
-            reason: e.to_string(),
-        })?;
+    let statements = Parser::parse_sql(&GenericDialect {}, sql).map_err(|e| CatalogError::Sql {
+        source_name: source_name.into(),
+        reason: e.to_string(),
+    })?;
     statements
         .into_iter()
         .enumerate()
@@ -117,8 +116,8 @@ fn table(ct: &CreateTable) -> Result<Arc<TableSchema>, String> {
     let mut columns = Vec::with_capacity(ct.columns.len());
     let mut primary_key: Vec<String> = Vec::new();
     for c in &ct.columns {
-        let ty = column_type(&c.data_type)
-            .map_err(|r| format!("column `{}`: {r}", c.name.value))?;
+        let ty =
+            column_type(&c.data_type).map_err(|r| format!("column `{}`: {r}", c.name.value))?;
         let mut nullable = true;
         for opt in &c.options {
             match &opt.option {
@@ -231,7 +230,13 @@ mod tests {
         let w = c.get(c.resolve("warehouse").unwrap()).unwrap();
         assert_eq!(w.primary_key(), &[0]);
         assert!(!w.columns()[2].nullable);
-        assert_eq!(w.columns()[2].ty, ColumnType::Decimal { precision: 12, scale: 2 });
+        assert_eq!(
+            w.columns()[2].ty,
+            ColumnType::Decimal {
+                precision: 12,
+                scale: 2
+            }
+        );
         let ol = c.get(c.resolve("tpcc.orderline").unwrap()).unwrap();
         assert_eq!(ol.primary_key(), &[0, 1, 2, 3]);
         let types: Vec<_> = ol.columns().iter().map(|c| c.ty).collect();
@@ -239,19 +244,39 @@ mod tests {
         assert_eq!(
             types,
             vec![
-                Int32, Int32, Int32, Int32, Timestamp,
-                Decimal { precision: 6, scale: 2 },
-                Utf8, Boolean, Date, Float64, Float32, Int64
+                Int32,
+                Int32,
+                Int32,
+                Int32,
+                Timestamp,
+                Decimal {
+                    precision: 6,
+                    scale: 2
+                },
+                Utf8,
+                Boolean,
+                Date,
+                Float64,
+                Float32,
+                Int64
             ]
         );
         assert_eq!(c.resolve("public.warehouse"), c.resolve("warehouse"));
-        assert_eq!(c.resolve("other.orderline"), None, "a qualified table matches only its schema");
+        assert_eq!(
+            c.resolve("other.orderline"),
+            None,
+            "a qualified table matches only its schema"
+        );
     }
 
     #[test]
     fn bad_ddl_names_what_is_wrong() {
         let err = |sql: &str| Catalog::from_ddl(sql, "s.sql").unwrap_err().to_string();
-        assert!(err("CREATE TABLE t (a INT").starts_with("s.sql: "), "{}", err("CREATE TABLE t (a INT"));
+        assert!(
+            err("CREATE TABLE t (a INT").starts_with("s.sql: "),
+            "{}",
+            err("CREATE TABLE t (a INT")
+        );
         assert_eq!(
             err("CREATE TABLE t (a INT)"),
             "s.sql: table `t`: has no PRIMARY KEY; Retina replays by primary key"
@@ -260,9 +285,14 @@ mod tests {
             err("CREATE TABLE t (a INT PRIMARY KEY, b JSON)"),
             "s.sql: table `t`: column `b`: type JSON is not supported"
         );
-        assert!(err("CREATE TABLE t (a NUMERIC PRIMARY KEY)").contains("decimal without a precision"));
+        assert!(
+            err("CREATE TABLE t (a NUMERIC PRIMARY KEY)").contains("decimal without a precision")
+        );
         assert!(err("CREATE TABLE t (a INT, PRIMARY KEY (b))").contains("`b` is not a column"));
-        assert!(err("CREATE TABLE t (a INT PRIMARY KEY); CREATE TABLE t (a INT PRIMARY KEY)").contains("defined twice"));
+        assert!(
+            err("CREATE TABLE t (a INT PRIMARY KEY); CREATE TABLE t (a INT PRIMARY KEY)")
+                .contains("defined twice")
+        );
         assert!(err("DROP TABLE t").contains("only CREATE TABLE"));
     }
 }

@@ -2,3 +2,8 @@
 //! as actors on glommio.
 
 pub mod catalog;
+pub mod coordinator;
+pub mod debezium;
+pub mod node;
+pub mod router;
+pub mod settings;

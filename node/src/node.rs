@@ -1,0 +1,851 @@
+//! The node at run time: a coordinator, one replayer shard per core, and an object-store I/O
+//! thread, talking only by message.
+//!
+//! - Each shard is a glommio executor pinned to its core. It owns a storage [`Shard`] and reads
+//!   rkyv [`OpBatch`]es in place; nothing else touches its state.
+//! - The coordinator is an executor of its own (placed on core 0 beside shard 0). It owns the
+//!   timestamp allocator, HWM and LWM ([`CoordinatorState`]) and persists them.
+//! - Object-store I/O (flushing blocks, combining files, deleting retired objects) runs on a
+//!   tokio runtime on its own thread, since object_store needs tokio; shards reach it over flume.
+//! - The sink ([`NodeHandle::submit`]) groups source transactions, takes their timestamps from
+//!   the coordinator in one request (group begin), routes each operation to its shard and sends
+//!   every shard its slice, ending in "applied through" (so HWM is a group commit).
+//!
+//! Every channel is bounded; a full shard queue blocks the sink, which stops reading the source.
+
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use glommio::{LocalExecutorBuilder, Placement};
+use object_store::{ObjectStore, ObjectStoreExt};
+use retina_protocol::{OpBatch, WireTableOp, WireTxn};
+use retina_storage::buffer::{CombineJob, FlushJob};
+use retina_storage::file::{self, RowGroupInfo, local_store};
+use retina_storage::{
+    BlockId, Hwm, RowOp, RowRef, Shard, TableId, TableOp, TableOpRef, TableSchema, TableSnapshot,
+    Timestamp, Value,
+};
+use rkyv::util::AlignedVec;
+
+use crate::catalog::Catalog;
+use crate::coordinator::{CoordinatorError, CoordinatorState, QueryId, StateFile};
+use crate::router::shard_of;
+use crate::settings::Settings;
+
+/// Messages to a shard's executor. Delivered in the order sent by each sender.
+pub enum ShardMsg {
+    /// From the sink: a batch of transactions (an archived [`OpBatch`]), in timestamp order
+    /// after every earlier batch. The shard applies them and reports "applied through".
+    Apply(AlignedVec),
+    /// From a reader: what `table` looks like at `ts`.
+    Snapshot {
+        table: TableId,
+        ts: Timestamp,
+        reply: flume::Sender<retina_storage::Result<TableSnapshot>>,
+    },
+    /// From the shard's own timer: time to hand full blocks and files to the I/O thread.
+    Tick,
+    /// From the I/O thread: a block flush finished.
+    Flushed {
+        table: TableId,
+        block: BlockId,
+        result: Result<(), String>,
+    },
+    /// From the I/O thread: a file combination finished.
+    Combined {
+        table: TableId,
+        job: CombineJob,
+        result: Result<Vec<RowGroupInfo>, String>,
+    },
+    /// From the node: stop after the messages before this one.
+    Stop,
+}
+
+/// Messages to the coordinator.
+pub enum CoordMsg {
+    /// From the sink: `n` timestamps for a group of transactions (group begin).
+    Allocate {
+        n: u64,
+        reply: flume::Sender<Result<RangeInclusive<u64>, CoordinatorError>>,
+    },
+    /// From a shard: it applied every transaction through `ts` (group commit).
+    Applied { shard: u16, ts: Timestamp },
+    /// From a shard: the transaction at `ts` could not be applied; the shard stops there.
+    ShardFailed {
+        shard: u16,
+        ts: Timestamp,
+        error: String,
+    },
+    /// From a reader: begin a query at the current snapshot.
+    BeginQuery {
+        reply: flume::Sender<(QueryId, Timestamp)>,
+    },
+    /// From a reader: the query ended.
+    EndQuery { id: QueryId },
+    /// From the coordinator's timer: expire leases, persist HWM.
+    Tick,
+    /// From the node: persist and stop.
+    Stop { reply: flume::Sender<()> },
+}
+
+/// Messages to the object-store I/O thread.
+enum IoRequest {
+    Flush {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: FlushJob,
+        reply: flume::Sender<ShardMsg>,
+    },
+    Combine {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: CombineJob,
+        reply: flume::Sender<ShardMsg>,
+    },
+    Delete {
+        paths: Vec<object_store::path::Path>,
+    },
+}
+
+/// I/O requests that may wait for the I/O thread before a shard's timer tick blocks.
+const IO_QUEUE: usize = 1024;
+/// Messages that may wait for the coordinator.
+const COORD_QUEUE: usize = 1024;
+
+/// Memory of one shard, by structure, as of its last tick.
+#[derive(Default)]
+pub struct ShardMemory {
+    pub index_bytes: AtomicU64,
+    pub write_buffer_bytes: AtomicU64,
+    pub visibility_bytes: AtomicU64,
+}
+
+/// What the node reports: counters and gauges the actors update and metrics read.
+#[derive(Default)]
+pub struct NodeStatus {
+    pub hwm: AtomicU64,
+    pub lwm: AtomicU64,
+    /// Source transactions handed to the shards.
+    pub txns_submitted: AtomicU64,
+    /// Row operations the shards applied (an update counts once).
+    pub rows_applied: AtomicU64,
+    pub duplicates_skipped: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    /// Batches sent to shards and not yet applied, over all shards.
+    pub backlog_batches: AtomicU64,
+    pub running_queries: AtomicU64,
+    pub shard_memory: Vec<ShardMemory>,
+    pub source_done: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+impl NodeStatus {
+    fn new(shards: u16) -> Self {
+        NodeStatus {
+            hwm: AtomicU64::new(Hwm::INITIAL.get().get()),
+            lwm: AtomicU64::new(Timestamp::GENESIS.get()),
+            shard_memory: (0..shards).map(|_| ShardMemory::default()).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// The first error that stopped replay, if any.
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().expect("status lock").clone()
+    }
+
+    /// Records the error that stops replay; the first one wins.
+    pub fn fail(&self, error: String) {
+        let mut e = self.error.lock().expect("status lock");
+        if e.is_none() {
+            tracing::error!("{error}");
+            *e = Some(error);
+        }
+    }
+
+    pub fn hwm(&self) -> Hwm {
+        let ts = Timestamp::new(self.hwm.load(Ordering::Acquire)).expect("HWM is a timestamp");
+        Hwm::after(ts.prev_or_genesis()).expect("HWM - 1 is a timestamp")
+    }
+}
+
+/// What the node needs to start.
+pub struct NodeOptions {
+    pub data_dir: PathBuf,
+    pub catalog: Arc<Catalog>,
+    pub settings: Settings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("invalid setting: {0}")]
+    Settings(#[from] crate::settings::SettingsError),
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    #[error(transparent)]
+    Storage(#[from] retina_storage::StorageError),
+    #[error("starting executor for {what}: {reason}")]
+    Executor { what: String, reason: String },
+    #[error("the node has stopped")]
+    Stopped,
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A cheap handle to a running node: submit transactions, read tables, watch status.
+#[derive(Clone)]
+pub struct NodeHandle {
+    shards: Vec<flume::Sender<ShardMsg>>,
+    coord: flume::Sender<CoordMsg>,
+    catalog: Arc<Catalog>,
+    status: Arc<NodeStatus>,
+    store: Arc<dyn ObjectStore>,
+}
+
+/// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
+pub struct Node {
+    handle: NodeHandle,
+    executors: Vec<glommio::ExecutorJoinHandle<()>>,
+    io_thread: Option<std::thread::JoinHandle<()>>,
+    io: flume::Sender<IoRequest>,
+}
+
+impl Node {
+    /// Starts the coordinator, the shards and the I/O thread over `options.data_dir`.
+    pub fn start(options: NodeOptions) -> Result<Node, NodeError> {
+        let settings = &options.settings;
+        settings.validate()?;
+        let shards = settings.shard_count();
+        std::fs::create_dir_all(&options.data_dir).map_err(|source| NodeError::DataDir {
+            path: options.data_dir.clone(),
+            source,
+        })?;
+        let store = local_store(&options.data_dir.join("lake"))?;
+        let state_file = StateFile::new(&options.data_dir);
+        let persisted = state_file.load()?;
+        let status = Arc::new(NodeStatus::new(shards));
+        status
+            .hwm
+            .store(persisted.hwm.get().get(), Ordering::Release);
+
+        // Object-store I/O thread.
+        let (io_tx, io_rx) = flume::bounded::<IoRequest>(IO_QUEUE);
+        let io_thread = {
+            let store = store.clone();
+            let config = settings.storage();
+            std::thread::Builder::new()
+                .name("retina-io".into())
+                .spawn(move || io_main(io_rx, store, config))
+                .map_err(|e| NodeError::Executor {
+                    what: "the I/O thread".into(),
+                    reason: e.to_string(),
+                })?
+        };
+
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (coord_tx, coord_rx) = flume::bounded::<CoordMsg>(COORD_QUEUE);
+        let mut executors = Vec::new();
+        let spawn_err = |what: String| {
+            move |e: glommio::GlommioError<()>| NodeError::Executor {
+                what,
+                reason: e.to_string(),
+            }
+        };
+
+        // Coordinator.
+        {
+            let status = status.clone();
+            let tx = coord_tx.clone();
+            let state = CoordinatorState::new(shards, persisted);
+            let persist = Duration::from_millis(settings.persist_interval_ms);
+            let lease = settings.query_lease_ms;
+            executors.push(
+                LocalExecutorBuilder::new(Placement::Fixed(0))
+                    .name("retina-coordinator")
+                    .spawn(move || {
+                        coordinator_main(state, state_file, coord_rx, tx, status, persist, lease)
+                    })
+                    .map_err(spawn_err("the coordinator".into()))?,
+            );
+        }
+
+        // Shards.
+        let mut shard_txs = Vec::new();
+        for id in 0..shards {
+            let (tx, rx) = flume::bounded::<ShardMsg>(settings.shard_queue_batches);
+            shard_txs.push(tx.clone());
+            let ctx = ShardContext {
+                id,
+                shards,
+                catalog: options.catalog.clone(),
+                coord: coord_tx.clone(),
+                io: io_tx.clone(),
+                status: status.clone(),
+                own: tx,
+                flush_interval: Duration::from_millis(settings.flush_interval_ms),
+            };
+            let config = settings.storage();
+            executors.push(
+                LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cores))
+                    .name(&format!("retina-shard-{id}"))
+                    .spawn(move || shard_main(ctx, config, rx))
+                    .map_err(spawn_err(format!("shard {id}")))?,
+            );
+        }
+
+        Ok(Node {
+            handle: NodeHandle {
+                shards: shard_txs,
+                coord: coord_tx,
+                catalog: options.catalog,
+                status,
+                store,
+            },
+            executors,
+            io_thread: Some(io_thread),
+            io: io_tx,
+        })
+    }
+
+    pub fn handle(&self) -> &NodeHandle {
+        &self.handle
+    }
+
+    /// Stops every actor after what was sent before, persists the coordinator, and waits.
+    pub fn shutdown(mut self) {
+        for s in &self.handle.shards {
+            let _ = s.send(ShardMsg::Stop);
+        }
+        let (tx, rx) = flume::bounded(1);
+        if self.handle.coord.send(CoordMsg::Stop { reply: tx }).is_ok() {
+            let _ = rx.recv();
+        }
+        for e in self.executors.drain(..) {
+            let _ = e.join();
+        }
+        drop(self.io);
+        if let Some(t) = self.io_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl NodeHandle {
+    pub fn status(&self) -> &Arc<NodeStatus> {
+        &self.status
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn shard_count(&self) -> u16 {
+        self.shards.len() as u16
+    }
+
+    /// Replays a group of source transactions (each a list of operations on catalog tables):
+    /// takes their timestamps in one request, routes every operation to its shard (a
+    /// key-changing update whose keys live on two shards becomes a delete on one and an insert
+    /// on the other, in the same mirror transaction), and sends each shard its slice. Blocks
+    /// while a shard's queue is full. Returns the timestamps the transactions got.
+    pub fn submit<R: AsRef<[Value]> + RowRef>(
+        &self,
+        txns: &[Vec<TableOp<R>>],
+    ) -> Result<RangeInclusive<u64>, NodeError> {
+        let n = txns.len() as u64;
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::Allocate { n, reply: tx })
+            .map_err(|_| NodeError::Stopped)?;
+        let range = rx.recv().map_err(|_| NodeError::Stopped)??;
+        let shards = self.shard_count();
+        let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
+        let mut scratch = Vec::new();
+        for (txn, ts) in txns.iter().zip(range.clone()) {
+            let mut per_shard: Vec<Vec<WireTableOp>> = vec![Vec::new(); shards.into()];
+            for op in txn {
+                let schema = self.catalog.get(op.table).expect("ops name catalog tables");
+                match &op.op {
+                    RowOp::Insert(r) | RowOp::Delete(r) => {
+                        let s = shard_of(schema, r, shards, &mut scratch);
+                        per_shard[usize::from(s)].push(WireTableOp::from(op));
+                    }
+                    RowOp::Update { before, after } => {
+                        let from = shard_of(schema, before, shards, &mut scratch);
+                        let to = shard_of(schema, after, shards, &mut scratch);
+                        if from == to {
+                            per_shard[usize::from(from)].push(WireTableOp::from(op));
+                        } else {
+                            let delete = TableOp {
+                                table: op.table,
+                                op: RowOp::Delete(before.as_ref()),
+                            };
+                            let insert = TableOp {
+                                table: op.table,
+                                op: RowOp::Insert(after.as_ref()),
+                            };
+                            per_shard[usize::from(from)].push(wire_of(&delete));
+                            per_shard[usize::from(to)].push(wire_of(&insert));
+                        }
+                    }
+                }
+            }
+            for (s, ops) in per_shard.into_iter().enumerate() {
+                if !ops.is_empty() {
+                    slices[s].push(WireTxn { ts, ops });
+                }
+            }
+        }
+        for (s, txns) in slices.into_iter().enumerate() {
+            let batch = OpBatch {
+                txns,
+                applied_through: *range.end(),
+            };
+            let bytes = batch.encode().expect("op batches encode");
+            self.status.backlog_batches.fetch_add(1, Ordering::Relaxed);
+            self.shards[s]
+                .send(ShardMsg::Apply(bytes))
+                .map_err(|_| NodeError::Stopped)?;
+        }
+        self.status.txns_submitted.fetch_add(n, Ordering::Relaxed);
+        Ok(range)
+    }
+
+    /// Waits until HWM passes `ts` (every transaction through `ts` is visible), an error stops
+    /// replay, or `timeout` passes. True if HWM passed.
+    pub fn wait_visible(&self, ts: u64, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.status.hwm.load(Ordering::Acquire) > ts {
+                return true;
+            }
+            if self.status.error().is_some() || start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Begins a query: its id and snapshot. LWM stays at or below the snapshot until it ends.
+    pub fn begin_query(&self) -> Result<(QueryId, Timestamp), NodeError> {
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::BeginQuery { reply: tx })
+            .map_err(|_| NodeError::Stopped)?;
+        rx.recv().map_err(|_| NodeError::Stopped)
+    }
+
+    pub fn end_query(&self, id: QueryId) {
+        let _ = self.coord.send(CoordMsg::EndQuery { id });
+    }
+
+    /// Every row of `table` visible at `ts`, from every shard, with the stored columns
+    /// (`_create_ts` last).
+    pub fn read_table(
+        &self,
+        table: TableId,
+        ts: Timestamp,
+    ) -> Result<Vec<arrow::record_batch::RecordBatch>, NodeError> {
+        let schema = self
+            .catalog
+            .get(table)
+            .ok_or(retina_storage::StorageError::UnknownTable(table))?;
+        let mut projection: Vec<usize> = (0..schema.columns().len()).collect();
+        projection.push(schema.create_ts_index());
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let (tx, rx) = flume::bounded(1);
+            s.send(ShardMsg::Snapshot {
+                table,
+                ts,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+            let snap = rx.recv().map_err(|_| NodeError::Stopped)??;
+            out.extend(futures::executor::block_on(
+                snap.read(self.store.as_ref(), Some(&projection)),
+            )?);
+        }
+        Ok(out)
+    }
+}
+
+fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
+    let row = |r: &[Value]| retina_protocol::WireRow::from(r);
+    WireTableOp {
+        table: op.table,
+        op: match &op.op {
+            RowOp::Insert(r) => retina_protocol::WireOp::Insert(row(r)),
+            RowOp::Delete(r) => retina_protocol::WireOp::Delete(row(r)),
+            RowOp::Update { before, after } => retina_protocol::WireOp::Update {
+                before: row(before),
+                after: row(after),
+            },
+        },
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn coordinator_main(
+    mut state: CoordinatorState,
+    file: StateFile,
+    rx: flume::Receiver<CoordMsg>,
+    own: flume::Sender<CoordMsg>,
+    status: Arc<NodeStatus>,
+    persist_every: Duration,
+    lease_ms: u64,
+) {
+    // Timers never act: they send a tick into the actor.
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(persist_every).await;
+            if own.send_async(CoordMsg::Tick).await.is_err() {
+                break;
+            }
+        }
+    })
+    .detach();
+    let mut dirty = false;
+    while let Ok(msg) = rx.recv_async().await {
+        match msg {
+            CoordMsg::Allocate { n, reply } => {
+                let result = state.allocate(n).and_then(|(range, persist)| {
+                    if let Some(p) = persist {
+                        file.store(p)?;
+                    }
+                    Ok(range)
+                });
+                let _ = reply.send(result);
+            }
+            CoordMsg::Applied { shard, ts } => match state.applied(shard, ts) {
+                Ok(Some(hwm)) => {
+                    status.hwm.store(hwm.get().get(), Ordering::Release);
+                    status.lwm.store(state.lwm().get().get(), Ordering::Release);
+                    dirty = true;
+                }
+                Ok(None) => {}
+                Err(e) => status.fail(format!("coordinator: {e}")),
+            },
+            CoordMsg::ShardFailed { shard, ts, error } => status.fail(format!(
+                "shard {shard} stopped at the transaction with timestamp {ts}: {error}; \
+                 HWM stays below it and every earlier transaction stays visible"
+            )),
+            CoordMsg::BeginQuery { reply } => {
+                let q = state.begin_query(now_ms(), lease_ms);
+                status
+                    .running_queries
+                    .store(state.running_queries() as u64, Ordering::Relaxed);
+                status.lwm.store(state.lwm().get().get(), Ordering::Release);
+                let _ = reply.send(q);
+            }
+            CoordMsg::EndQuery { id } => {
+                state.end_query(id);
+                status
+                    .running_queries
+                    .store(state.running_queries() as u64, Ordering::Relaxed);
+                status.lwm.store(state.lwm().get().get(), Ordering::Release);
+            }
+            CoordMsg::Tick => {
+                state.expire_queries(now_ms());
+                status
+                    .running_queries
+                    .store(state.running_queries() as u64, Ordering::Relaxed);
+                status.lwm.store(state.lwm().get().get(), Ordering::Release);
+                if dirty {
+                    match file.store(state.persisted()) {
+                        Ok(()) => dirty = false,
+                        Err(e) => status.fail(format!("coordinator: {e}")),
+                    }
+                }
+            }
+            CoordMsg::Stop { reply } => {
+                if let Err(e) = file.store(state.persisted()) {
+                    status.fail(format!("coordinator: {e}"));
+                }
+                let _ = reply.send(());
+                break;
+            }
+        }
+    }
+}
+
+struct ShardContext {
+    id: u16,
+    shards: u16,
+    catalog: Arc<Catalog>,
+    coord: flume::Sender<CoordMsg>,
+    io: flume::Sender<IoRequest>,
+    status: Arc<NodeStatus>,
+    own: flume::Sender<ShardMsg>,
+    flush_interval: Duration,
+}
+
+async fn shard_main(
+    ctx: ShardContext,
+    config: retina_storage::StorageConfig,
+    rx: flume::Receiver<ShardMsg>,
+) {
+    let mut shard = match Shard::new(ctx.id, config) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.status.fail(format!("shard {}: {e}", ctx.id));
+            return;
+        }
+    };
+    for t in ctx.catalog.tables() {
+        shard.add_table(t.clone());
+    }
+    let tick = ctx.own.clone();
+    let every = ctx.flush_interval;
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(every).await;
+            if tick.send_async(ShardMsg::Tick).await.is_err() {
+                break;
+            }
+        }
+    })
+    .detach();
+    // Set once a transaction fails: the shard applies nothing after it, but still answers reads.
+    let mut stopped = false;
+    let mut scratch = Vec::new();
+    while let Ok(msg) = rx.recv_async().await {
+        match msg {
+            ShardMsg::Apply(bytes) => {
+                ctx.status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
+                if !stopped {
+                    stopped = !on_apply(&ctx, &mut shard, &bytes, &mut scratch);
+                }
+            }
+            ShardMsg::Snapshot { table, ts, reply } => {
+                let _ = reply.send(shard.snapshot(table, ts));
+            }
+            ShardMsg::Tick => on_tick(&ctx, &mut shard),
+            ShardMsg::Flushed {
+                table,
+                block,
+                result,
+            } => match result {
+                Ok(()) => shard.flush_done(table, block),
+                Err(e) => {
+                    tracing::warn!(
+                        "shard {}: flushing {block:?} failed, will retry: {e}",
+                        ctx.id
+                    );
+                    shard.flush_failed(table, block);
+                }
+            },
+            ShardMsg::Combined { table, job, result } => match result {
+                Ok(groups) => shard.combine_done(table, job, groups),
+                Err(e) => {
+                    tracing::warn!(
+                        "shard {}: combining file {} failed, will retry: {e}",
+                        ctx.id,
+                        job.file
+                    );
+                    shard.combine_failed(table, job.file);
+                }
+            },
+            ShardMsg::Stop => break,
+        }
+        glommio::yield_if_needed().await;
+    }
+}
+
+/// Applies one batch; false if a transaction failed (the shard then stops applying).
+fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut Vec<u8>) -> bool {
+    let batch = match OpBatch::access(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            ctx.status.fail(format!("shard {}: {e}", ctx.id));
+            return false;
+        }
+    };
+    for txn in batch.txns.iter() {
+        let ts = match Timestamp::new(txn.ts.to_native()) {
+            Ok(ts) => ts,
+            Err(e) => {
+                ctx.status.fail(format!("shard {}: {e}", ctx.id));
+                return false;
+            }
+        };
+        // Routing is the sink's alone; a key that is not this shard's means a routing bug, and
+        // applying it would split the key across shards.
+        for op in txn.ops.iter() {
+            let Some(schema) = ctx.catalog.get(op.table()) else {
+                return fail_txn(ctx, ts, format!("unknown table id {}", op.table()));
+            };
+            let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
+                RowOp::Insert(r) | RowOp::Delete(r) => [Some(r), None],
+                RowOp::Update { before, after } => [Some(before), Some(after)],
+            };
+            for r in rows.into_iter().flatten() {
+                if schema.check_key(r).is_ok() && shard_of(schema, r, ctx.shards, scratch) != ctx.id
+                {
+                    return fail_txn(
+                        ctx,
+                        ts,
+                        format!(
+                            "a key of table `{}` routed to the wrong shard",
+                            schema.name()
+                        ),
+                    );
+                }
+            }
+        }
+        match shard.apply(ts, &txn.ops[..]) {
+            Ok(stats) => {
+                ctx.status
+                    .rows_applied
+                    .fetch_add(stats.inserted.max(stats.deleted), Ordering::Relaxed);
+            }
+            Err(e) => return fail_txn(ctx, ts, e.to_string()),
+        }
+    }
+    let through = match Timestamp::new(batch.applied_through.to_native()) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.status.fail(format!("shard {}: {e}", ctx.id));
+            return false;
+        }
+    };
+    if let Err(e) = shard.advance(through) {
+        ctx.status.fail(format!("shard {}: {e}", ctx.id));
+        return false;
+    }
+    let _ = ctx.coord.send(CoordMsg::Applied {
+        shard: ctx.id,
+        ts: through,
+    });
+    true
+}
+
+fn fail_txn(ctx: &ShardContext, ts: Timestamp, error: String) -> bool {
+    let _ = ctx.coord.send(CoordMsg::ShardFailed {
+        shard: ctx.id,
+        ts,
+        error,
+    });
+    false
+}
+
+fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
+    for (table, job) in shard.take_flush_jobs() {
+        let schema = shard.schema(table).expect("a shard's own table").clone();
+        let req = IoRequest::Flush {
+            schema,
+            table,
+            job,
+            reply: ctx.own.clone(),
+        };
+        if let Err(flume::TrySendError::Full(IoRequest::Flush { table, job, .. })) =
+            ctx.io.try_send(req)
+        {
+            shard.flush_failed(table, job.block);
+        }
+    }
+    for (table, job) in shard.take_combine_jobs() {
+        let schema = shard.schema(table).expect("a shard's own table").clone();
+        let req = IoRequest::Combine {
+            schema,
+            table,
+            job,
+            reply: ctx.own.clone(),
+        };
+        if let Err(flume::TrySendError::Full(IoRequest::Combine { table, job, .. })) =
+            ctx.io.try_send(req)
+        {
+            shard.combine_failed(table, job.file);
+        }
+    }
+    let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
+    let paths = shard.take_deletable(lwm);
+    if !paths.is_empty() {
+        let _ = ctx.io.try_send(IoRequest::Delete { paths });
+    }
+    let m = shard.memory();
+    let mem = &ctx.status.shard_memory[usize::from(ctx.id)];
+    mem.index_bytes
+        .store(m.index_bytes as u64, Ordering::Relaxed);
+    mem.write_buffer_bytes
+        .store(m.write_buffer_bytes as u64, Ordering::Relaxed);
+    mem.visibility_bytes
+        .store(m.visibility_bytes as u64, Ordering::Relaxed);
+}
+
+fn io_main(
+    rx: flume::Receiver<IoRequest>,
+    store: Arc<dyn ObjectStore>,
+    config: retina_storage::StorageConfig,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime for object-store I/O");
+    rt.block_on(async move {
+        while let Ok(req) = rx.recv_async().await {
+            let store = store.clone();
+            let config = config.clone();
+            // Encoding Parquet is CPU work: keep it off the thread that polls I/O.
+            tokio::task::spawn_blocking(move || {
+                futures::executor::block_on(handle_io(req, store.as_ref(), &config))
+            });
+        }
+    });
+}
+
+async fn handle_io(
+    req: IoRequest,
+    store: &dyn ObjectStore,
+    config: &retina_storage::StorageConfig,
+) {
+    match req {
+        IoRequest::Flush {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            let result = file::flush_block(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = reply
+                .send_async(ShardMsg::Flushed {
+                    table,
+                    block: job.block,
+                    result,
+                })
+                .await;
+        }
+        IoRequest::Combine {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            let result = file::combine_blocks(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = reply
+                .send_async(ShardMsg::Combined { table, job, result })
+                .await;
+        }
+        IoRequest::Delete { paths } => {
+            for p in paths {
+                if let Err(e) = store.delete(&p).await {
+                    tracing::warn!("deleting retired object {p}: {e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Every knob of a node, in one place: defaults here, a TOML file (`--config FILE`) over them,
+//! command-line flags over that. `ops/retina.toml` shows them all with their defaults.
+
+use std::path::Path;
+
+use retina_storage::StorageConfig;
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Replayer shards, one glommio executor each, pinned to cores 0, 1, ... (wrapping around
+    /// the cores this process may use). 0 means one per available core.
+    pub shards: u16,
+    /// Rows per visibility tile (multiple of 64, at most 4096).
+    pub tile_rows: u32,
+    /// Rows per write-buffer block (multiple of 64).
+    pub block_rows: u32,
+    /// Rows per Parquet row group (multiple of `tile_rows`).
+    pub row_group_rows: u32,
+    /// Rows per file: a virtual file is combined into a Parquet file once this full
+    /// (multiple of `row_group_rows` and `block_rows`).
+    pub file_rows: u64,
+    /// zstd level of Parquet data pages (0 = uncompressed).
+    pub zstd_level: i32,
+    /// How often a shard hands its full write-buffer blocks to the flusher and full virtual
+    /// files to the combiner.
+    pub flush_interval_ms: u64,
+    /// Largest group of source transactions that share one timestamp allocation and one
+    /// batch per shard (group begin); a group closes early when the source has nothing more.
+    pub max_group_txns: usize,
+    /// Batches that may wait in each shard's queue before the sink blocks (backpressure).
+    pub shard_queue_batches: usize,
+    /// How often the coordinator persists HWM.
+    pub persist_interval_ms: u64,
+    /// A query's lease: a client that neither renews nor ends its query within it loses it.
+    pub query_lease_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let s = StorageConfig::default();
+        Settings {
+            shards: 0,
+            tile_rows: s.tile_rows,
+            block_rows: s.block_rows,
+            row_group_rows: s.row_group_rows,
+            file_rows: s.file_rows,
+            zstd_level: s.zstd_level,
+            flush_interval_ms: 200,
+            max_group_txns: 1024,
+            shard_queue_batches: 64,
+            persist_interval_ms: 100,
+            query_lease_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+}
+
+impl Settings {
+    /// The defaults with `path`'s settings over them.
+    pub fn from_file(path: &Path) -> Result<Self, SettingsError> {
+        let err = |reason: String| SettingsError::File {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+
+    pub fn storage(&self) -> StorageConfig {
+        StorageConfig {
+            tile_rows: self.tile_rows,
+            block_rows: self.block_rows,
+            row_group_rows: self.row_group_rows,
+            file_rows: self.file_rows,
+            zstd_level: self.zstd_level,
+        }
+    }
+
+    /// The shard count to run: `shards`, or one per core this process may use.
+    pub fn shard_count(&self) -> u16 {
+        if self.shards > 0 {
+            return self.shards;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(u16::MAX as usize) as u16)
+    }
+
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        self.storage()
+            .validate()
+            .map_err(|e| SettingsError::Invalid(e.to_string()))?;
+        let positive = [
+            ("flush_interval_ms", self.flush_interval_ms),
+            ("max_group_txns", self.max_group_txns as u64),
+            ("shard_queue_batches", self.shard_queue_batches as u64),
+            ("persist_interval_ms", self.persist_interval_ms),
+            ("query_lease_ms", self.query_lease_ms),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(SettingsError::Invalid(format!("{name} must be positive")));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_override_defaults_and_typos_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.toml");
+        std::fs::write(&p, "shards = 3\nblock_rows = 4096\n").unwrap();
+        let s = Settings::from_file(&p).unwrap();
+        assert_eq!((s.shards, s.block_rows, s.tile_rows), (3, 4096, 4096));
+        s.validate().unwrap();
+        std::fs::write(&p, "shard = 3\n").unwrap();
+        let e = Settings::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("unknown field `shard`"), "{e}");
+        let bad = Settings {
+            tile_rows: 100,
+            ..Settings::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn the_example_config_is_the_defaults() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../ops/retina.toml");
+        let mut s = Settings::from_file(Path::new(example)).unwrap();
+        s.shards = 0;
+        assert_eq!(
+            s,
+            Settings::default(),
+            "ops/retina.toml documents the defaults"
+        );
+    }
+}
