@@ -7,3 +7,4 @@ pub mod debezium;
 pub mod node;
 pub mod router;
 pub mod settings;
+pub mod sink;

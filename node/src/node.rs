@@ -684,7 +684,7 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
         // applying it would split the key across shards.
         for op in txn.ops.iter() {
             let Some(schema) = ctx.catalog.get(op.table()) else {
-                return fail_txn(ctx, ts, format!("unknown table id {}", op.table()));
+                return fail_txn(ctx, shard, ts, format!("unknown table id {}", op.table()));
             };
             let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
                 RowOp::Insert(r) | RowOp::Delete(r) => [Some(r), None],
@@ -695,6 +695,7 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
                 {
                     return fail_txn(
                         ctx,
+                        shard,
                         ts,
                         format!(
                             "a key of table `{}` routed to the wrong shard",
@@ -710,7 +711,7 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
                     .rows_applied
                     .fetch_add(stats.inserted.max(stats.deleted), Ordering::Relaxed);
             }
-            Err(e) => return fail_txn(ctx, ts, e.to_string()),
+            Err(e) => return fail_txn(ctx, shard, ts, e.to_string()),
         }
     }
     let through = match Timestamp::new(batch.applied_through.to_native()) {
@@ -731,7 +732,16 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
     true
 }
 
-fn fail_txn(ctx: &ShardContext, ts: Timestamp, error: String) -> bool {
+/// The transaction at `ts` failed: everything before it was applied, so report that (HWM may
+/// reach `ts`, never pass it), then the failure.
+fn fail_txn(ctx: &ShardContext, shard: &mut Shard, ts: Timestamp, error: String) -> bool {
+    let before = ts.prev_or_genesis();
+    if shard.advance(before.max(shard.applied_through())).is_ok() {
+        let _ = ctx.coord.send(CoordMsg::Applied {
+            shard: ctx.id,
+            ts: before,
+        });
+    }
     let _ = ctx.coord.send(CoordMsg::ShardFailed {
         shard: ctx.id,
         ts,

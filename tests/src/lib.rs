@@ -1,6 +1,8 @@
 //! Retina's end-to-end, model-based and interoperability tests live in `tests/`; this library
 //! holds what they share.
 
+pub mod cdc;
+
 use std::process::Command;
 
 /// Whether `python3` can import pyarrow. CI installs it (`.ci/run`), so there a missing

@@ -1,0 +1,365 @@
+//! The sink: reads a Debezium JSON source, rebuilds its transactions, and hands them to the
+//! node in groups. A bad transaction either stops replay (HWM stays before it; everything
+//! earlier stays committed and queryable) or, with `--on-error skip`, goes whole to a
+//! dead-letter file with the reason, and replay goes on. Never a partial transaction.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use retina_storage::{RowOp, TableOp, Value};
+
+use crate::debezium::{DebeziumError, SourcePosition, TxnAssembler, TxnMode, parse_line};
+use crate::node::NodeHandle;
+
+/// Where change events come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceSpec {
+    File(PathBuf),
+    Stdin,
+}
+
+impl FromStr for SourceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stdin" | "-" => Ok(SourceSpec::Stdin),
+            _ => match s.strip_prefix("file:") {
+                Some(p) if !p.is_empty() => Ok(SourceSpec::File(p.into())),
+                _ => Err(format!("source `{s}`: expected `file:PATH` or `stdin`")),
+            },
+        }
+    }
+}
+
+/// What to do with a transaction that cannot be replayed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnError {
+    /// Stop replay before it; keep serving what was replayed.
+    Stop,
+    /// Write it to the dead-letter file and go on.
+    Skip,
+}
+
+pub struct SinkOptions {
+    pub source: SourceSpec,
+    /// Keep reading at the end of a file, like `tail -f`.
+    pub follow: bool,
+    pub mode: TxnMode,
+    pub on_error: OnError,
+    pub dead_letter: PathBuf,
+    pub max_group_txns: usize,
+}
+
+/// How a sink run ended.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SinkReport {
+    pub lines: u64,
+    pub transactions: u64,
+    pub dead_lettered: u64,
+    pub duplicates_skipped: u64,
+    /// The timestamp of the last transaction handed to the node.
+    pub last_ts: Option<u64>,
+    /// The error that stopped replay, if one did.
+    pub stopped_by: Option<String>,
+}
+
+/// How long a follower waits at the end of its file before looking again.
+const FOLLOW_POLL: Duration = Duration::from_millis(5);
+/// Read buffer of the source.
+const READ_BUFFER_BYTES: usize = 1 << 20;
+
+type Ops = Vec<TableOp<Vec<Value>>>;
+
+/// Runs the sink until the source ends (or, following, until `stop`), or an error stops it.
+pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> SinkReport {
+    let (name, input): (Arc<str>, Box<dyn Read + Send>) = match &options.source {
+        SourceSpec::Stdin => ("stdin".into(), Box::new(std::io::stdin())),
+        SourceSpec::File(p) => match File::open(p) {
+            Ok(f) => (p.display().to_string().into(), Box::new(f)),
+            Err(e) => {
+                let msg = format!("source {}: {e}", p.display());
+                node.status().fail(msg.clone());
+                return SinkReport {
+                    stopped_by: Some(msg),
+                    ..Default::default()
+                };
+            }
+        },
+    };
+    let mut sink = Sink {
+        node,
+        options,
+        name,
+        assembler: TxnAssembler::new(options.mode),
+        group: Vec::new(),
+        raw: Vec::new(),
+        skipping: None,
+        report: SinkReport::default(),
+    };
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, input);
+    let mut line = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        // Close the group when the source has nothing more buffered: a transaction never
+        // waits for the next read to become visible.
+        if !sink.group.is_empty()
+            && (sink.group.len() >= options.max_group_txns || reader.buffer().is_empty())
+            && !sink.submit()
+        {
+            break;
+        }
+        let n = match reader.read_line(&mut line) {
+            Ok(n) => n,
+            Err(e) => {
+                sink.fail(format!("{}: reading the source: {e}", sink.name));
+                break;
+            }
+        };
+        if n == 0 || !line.ends_with('\n') {
+            // The end, or a line still being written: keep what was read and look again.
+            if !sink.group.is_empty() && !sink.submit() {
+                break;
+            }
+            if options.follow {
+                std::thread::sleep(FOLLOW_POLL);
+                continue;
+            }
+            if line.is_empty() {
+                break;
+            }
+        }
+        sink.report.lines += 1;
+        let ok = sink.on_line(line.trim_end_matches(['\n', '\r']));
+        line.clear();
+        if !ok {
+            break;
+        }
+    }
+    if sink.report.stopped_by.is_none() && !sink.group.is_empty() {
+        sink.submit();
+    }
+    sink.report.duplicates_skipped = sink.assembler.duplicates_skipped();
+    node.status().source_done.store(true, Ordering::Release);
+    sink.report
+}
+
+struct Sink<'a> {
+    node: &'a NodeHandle,
+    options: &'a SinkOptions,
+    name: Arc<str>,
+    assembler: TxnAssembler,
+    group: Vec<Ops>,
+    /// The raw lines of the open transaction, for the dead-letter file.
+    raw: Vec<String>,
+    /// Skipping the rest of a bad transaction: its id and the dead-letter record so far.
+    skipping: Option<(String, DeadLetter)>,
+    report: SinkReport,
+}
+
+struct DeadLetter {
+    position: String,
+    transaction: Option<String>,
+    reason: String,
+    lines: Vec<String>,
+}
+
+impl Sink<'_> {
+    /// Handles one line; false to stop.
+    fn on_line(&mut self, line: &str) -> bool {
+        let pos = SourcePosition::new(self.name.clone(), self.report.lines);
+        if let Some((id, record)) = &mut self.skipping {
+            record.lines.push(line.to_owned());
+            if is_end_of(line, id) {
+                let (_, record) = self.skipping.take().expect("matched above");
+                return self.dead_letter(record);
+            }
+            return true;
+        }
+        let open = self.assembler.open_transaction().map(str::to_owned);
+        let catalog = self.node.catalog().clone();
+        let lookup = |name: &str| {
+            catalog
+                .resolve(name)
+                .and_then(|id| catalog.get(id).cloned())
+        };
+        let result = parse_line(line, &pos, &lookup).and_then(|m| self.assembler.push(m));
+        match result {
+            Ok(Some(txn)) => {
+                self.raw.clear();
+                let mut ops = Vec::with_capacity(txn.events.len());
+                for ev in txn.events {
+                    let table = catalog
+                        .resolve(ev.table.name())
+                        .expect("events name catalog tables");
+                    ops.push(TableOp {
+                        table,
+                        op: RowOp::from(ev.op),
+                    });
+                }
+                // Marked now, not when the group is sent: a repeat of a transaction still in the
+                // group is a duplicate too.
+                self.assembler.mark_applied(&txn.id, &txn.end);
+                self.group.push(ops);
+                true
+            }
+            Ok(None) => {
+                if self.assembler.open_transaction().is_some() {
+                    self.raw.push(line.to_owned());
+                } else {
+                    self.raw.clear();
+                }
+                true
+            }
+            Err(e) => self.on_error(e, open, line),
+        }
+    }
+
+    fn on_error(&mut self, e: DebeziumError, open: Option<String>, line: &str) -> bool {
+        // Everything before the bad transaction is replayed and stays.
+        if !self.group.is_empty() && !self.submit() {
+            return false;
+        }
+        let id = match &e {
+            DebeziumError::Transaction { id, .. } | DebeziumError::CountMismatch { id, .. } => {
+                Some(id.clone())
+            }
+            _ => open.clone(),
+        };
+        if self.options.on_error == OnError::Stop {
+            let txn = id
+                .map(|i| format!(" (transaction {i})"))
+                .unwrap_or_default();
+            self.fail(format!(
+                "{e}{txn}; replay stopped before this transaction, every earlier one is visible. \
+                 Fix the source or run with --on-error skip"
+            ));
+            return false;
+        }
+        let mut lines = std::mem::take(&mut self.raw);
+        lines.push(line.to_owned());
+        let record = DeadLetter {
+            position: e.position().to_string(),
+            transaction: id,
+            reason: e.to_string(),
+            lines,
+        };
+        self.assembler.reset();
+        // A transaction still open at the error: drop the rest of it, up to its END.
+        match open {
+            Some(open_id) if !is_end_of(line, &open_id) => {
+                self.skipping = Some((open_id, record));
+                true
+            }
+            _ => self.dead_letter(record),
+        }
+    }
+
+    fn dead_letter(&mut self, record: DeadLetter) -> bool {
+        let json = serde_json::json!({
+            "position": record.position,
+            "transaction": record.transaction,
+            "reason": record.reason,
+            "lines": record.lines,
+        });
+        let written = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.options.dead_letter)
+            .and_then(|mut f| {
+                writeln!(f, "{json}")?;
+                f.sync_data()
+            });
+        match written {
+            Ok(()) => {
+                self.report.dead_lettered += 1;
+                self.node
+                    .status()
+                    .dead_lettered
+                    .fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                self.fail(format!(
+                    "dead-letter file {}: {e}; replay stopped",
+                    self.options.dead_letter.display()
+                ));
+                false
+            }
+        }
+    }
+
+    /// Hands the group to the node; false if the node has stopped.
+    fn submit(&mut self) -> bool {
+        match self.node.submit(&self.group) {
+            Ok(range) => {
+                self.report.last_ts = Some(*range.end());
+                self.report.transactions += self.group.len() as u64;
+                self.group.clear();
+                self.node
+                    .status()
+                    .duplicates_skipped
+                    .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                self.fail(format!("{}: {e}", self.name));
+                false
+            }
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.node.status().fail(msg.clone());
+        self.report.stopped_by = Some(msg);
+    }
+}
+
+/// Whether `line` is the END marker of transaction `id` (bare or in an envelope).
+fn is_end_of(line: &str, id: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        return false;
+    };
+    let v = v.get("payload").filter(|p| p.is_object()).unwrap_or(&v);
+    let id_matches = match v.get("id") {
+        Some(serde_json::Value::String(s)) => s == id,
+        Some(serde_json::Value::Number(n)) => n.to_string() == id,
+        _ => false,
+    };
+    v.get("status").and_then(|s| s.as_str()) == Some("END") && id_matches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse() {
+        assert_eq!("stdin".parse::<SourceSpec>(), Ok(SourceSpec::Stdin));
+        assert_eq!(
+            "file:/a/b.json".parse::<SourceSpec>(),
+            Ok(SourceSpec::File("/a/b.json".into()))
+        );
+        assert!("kafka:x".parse::<SourceSpec>().is_err());
+        assert!("file:".parse::<SourceSpec>().is_err());
+    }
+
+    #[test]
+    fn end_markers_are_recognised() {
+        assert!(is_end_of(
+            r#"{"status":"END","id":"7","event_count":1}"#,
+            "7"
+        ));
+        assert!(is_end_of(
+            r#"{"schema":{},"payload":{"status":"END","id":7}}"#,
+            "7"
+        ));
+        assert!(!is_end_of(r#"{"status":"BEGIN","id":"7"}"#, "7"));
+        assert!(!is_end_of(r#"{"status":"END","id":"8"}"#, "7"));
+        assert!(!is_end_of("not json", "7"));
+    }
+}

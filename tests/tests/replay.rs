@@ -1,0 +1,436 @@
+//! End to end: a node with two shards replays a Debezium stream (both message forms, decimal
+//! and time types, key-changing updates across shards, duplicated transactions, events out of
+//! order) and the rows visible at the final snapshot equal a naive model's. Then every kind of
+//! bad input: replay stops before the bad transaction with an error naming its position, and
+//! everything before it stays visible; with `--on-error skip` it goes to the dead-letter file.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use retina_node::catalog::Catalog;
+use retina_node::debezium::TxnMode;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_node::sink::{OnError, SinkOptions, SinkReport, SourceSpec, run_sink};
+use retina_storage::value::batch_rows;
+use retina_storage::{ColumnType, Value};
+use retina_tests::cdc::{Change, Kind, Model, Row, Table, V, Writer};
+
+const DDL: &str = "
+CREATE TABLE bank.accounts (
+    id INT PRIMARY KEY, owner VARCHAR(20), balance DECIMAL(12,2) NOT NULL,
+    opened DATE, updated TIMESTAMP);
+CREATE TABLE bank.transfers (
+    id BIGINT, src INT NOT NULL, dst INT NOT NULL, amount DECIMAL(12,2) NOT NULL,
+    at TIMESTAMP, PRIMARY KEY (id));";
+
+fn tables() -> Vec<Table> {
+    vec![
+        Table {
+            schema: "bank",
+            name: "accounts",
+            columns: vec![
+                ("id", Kind::Int),
+                ("owner", Kind::Text),
+                ("balance", Kind::Money),
+                ("opened", Kind::Date),
+                ("updated", Kind::Time),
+            ],
+            key: 1,
+        },
+        Table {
+            schema: "bank",
+            name: "transfers",
+            columns: vec![
+                ("id", Kind::BigInt),
+                ("src", Kind::Int),
+                ("dst", Kind::Int),
+                ("amount", Kind::Money),
+                ("at", Kind::Time),
+            ],
+            key: 1,
+        },
+    ]
+}
+
+/// A seeded stream of bank transactions, and the model after it.
+fn generate(seed: u64, txns: usize, path: &Path) -> Model {
+    let tables = tables();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut model = Model::new(2);
+    let mut writer = Writer {
+        out: BufWriter::new(File::create(path).unwrap()),
+        tables: &tables,
+    };
+    let mut next_account = 1i64;
+    let mut next_transfer = 1i64;
+    let mut written: Vec<(String, Vec<Change>)> = Vec::new();
+    let now = 1_767_225_600_000_000i64;
+    for n in 0..txns {
+        let accounts: Vec<Row> = model.tables[0].values().cloned().collect();
+        let mut changes = Vec::new();
+        let roll = rng.random_range(0..100);
+        if accounts.len() < 4 || roll < 20 {
+            for _ in 0..rng.random_range(1..=3) {
+                let owner = if rng.random_bool(0.2) {
+                    V::Null
+                } else {
+                    V::S(format!("owner-{next_account}"))
+                };
+                changes.push(Change::Insert(
+                    0,
+                    vec![
+                        V::I(next_account),
+                        owner,
+                        V::I(rng.random_range(-5_000..1_000_000)),
+                        V::I(rng.random_range(15_000..21_000)),
+                        V::I(now + n as i64 * 1_000_003),
+                    ],
+                ));
+                next_account += 1;
+            }
+        } else if roll < 75 {
+            // Move money between two accounts: the total never changes.
+            let mut pick = accounts.clone();
+            pick.shuffle(&mut rng);
+            let (a, b) = (&pick[0], &pick[1]);
+            let amount = rng.random_range(1..50_000);
+            let moved = |r: &Row, d: i64| {
+                let mut r = r.clone();
+                if let V::I(c) = r[2] {
+                    r[2] = V::I(c + d)
+                }
+                r[4] = V::I(now + n as i64 * 1_000_003);
+                r
+            };
+            changes.push(Change::Update(0, a.clone(), moved(a, -amount)));
+            changes.push(Change::Update(0, b.clone(), moved(b, amount)));
+            changes.push(Change::Insert(
+                1,
+                vec![
+                    V::I(next_transfer),
+                    a[0].clone(),
+                    b[0].clone(),
+                    V::I(amount),
+                    V::I(now + n as i64),
+                ],
+            ));
+            next_transfer += 1;
+        } else if roll < 88 {
+            // Renumber an account: an update that changes the key, often across shards.
+            let a = &accounts[rng.random_range(0..accounts.len())];
+            let mut after = a.clone();
+            after[0] = V::I(next_account);
+            next_account += 1;
+            changes.push(Change::Update(0, a.clone(), after));
+        } else if roll < 95 {
+            let a = &accounts[rng.random_range(0..accounts.len())];
+            // A delete's before-image may carry only the key.
+            let mut key_only = a.clone();
+            if rng.random_bool(0.5) {
+                for v in &mut key_only[1..] {
+                    *v = V::Null;
+                }
+            }
+            changes.push(Change::Delete(0, key_only));
+        } else {
+            let transfers: Vec<Row> = model.tables[1].values().cloned().collect();
+            if let Some(t) = transfers.first() {
+                changes.push(Change::Delete(1, t.clone()));
+            } else {
+                continue;
+            }
+        }
+        let id = format!("tx-{n}");
+        let mut order: Vec<usize> = (0..changes.len()).collect();
+        if rng.random_bool(0.3) {
+            order.shuffle(&mut rng);
+        }
+        writer.txn(&id, &changes, rng.random_bool(0.5), &order);
+        model.apply(&changes, &tables);
+        written.push((id, changes));
+        // Now and then the connector sends a transaction again (a restart): skipped.
+        if rng.random_bool(0.03) {
+            let (id, changes) = &written[rng.random_range(0..written.len())];
+            let order: Vec<usize> = (0..changes.len()).collect();
+            writer.txn(id, changes, false, &order);
+        }
+    }
+    model
+}
+
+fn settings(shards: u16) -> Settings {
+    Settings {
+        shards,
+        tile_rows: 64,
+        block_rows: 64,
+        row_group_rows: 128,
+        file_rows: 256,
+        flush_interval_ms: 5,
+        ..Settings::default()
+    }
+}
+
+fn start(dir: &Path, shards: u16) -> Node {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
+        settings: settings(shards),
+    })
+    .unwrap()
+}
+
+fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> SinkReport {
+    let options = SinkOptions {
+        source: SourceSpec::File(path.to_path_buf()),
+        follow: false,
+        mode: TxnMode::Metadata,
+        on_error,
+        dead_letter: dead_letter.to_path_buf(),
+        max_group_txns: 16,
+    };
+    run_sink(node.handle(), &options, &AtomicBool::new(false))
+}
+
+/// The visible rows of every table at the node's snapshot, as model rows.
+fn visible(node: &Node) -> Vec<BTreeMap<Row, Row>> {
+    let h = node.handle();
+    let snapshot = h.status().hwm().snapshot();
+    let tables = tables();
+    (0..2u32)
+        .map(|t| {
+            let schema = h.catalog().get(t).unwrap();
+            let mut types: Vec<ColumnType> = schema.columns().iter().map(|c| c.ty).collect();
+            types.push(ColumnType::Int64);
+            let mut rows = BTreeMap::new();
+            for b in h.read_table(t, snapshot).unwrap() {
+                for r in batch_rows(&b, &types) {
+                    let row: Row = r[..r.len() - 1]
+                        .iter()
+                        .map(|v| match v {
+                            Value::Null => V::Null,
+                            Value::Int(i) | Value::Timestamp(i) => V::I(*i),
+                            Value::Decimal(d) => V::I(*d as i64),
+                            Value::Date(d) => V::I(i64::from(*d)),
+                            Value::Utf8(s) => V::S(s.clone()),
+                            other => panic!("unexpected {other:?}"),
+                        })
+                        .collect();
+                    let key = row[..tables[t as usize].key].to_vec();
+                    assert!(rows.insert(key, row).is_none(), "a key is visible twice");
+                }
+            }
+            rows
+        })
+        .collect()
+}
+
+#[test]
+fn replayed_stream_equals_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("bank.json");
+    let model = generate(7, 1500, &stream);
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink(&node, &stream, OnError::Stop, &dir.path().join("dead.json"));
+    assert_eq!(report.stopped_by, None);
+    assert!(
+        report.duplicates_skipped > 0,
+        "the stream repeats some transactions"
+    );
+    let last = report.last_ts.unwrap();
+    assert!(
+        node.handle().wait_visible(last, Duration::from_secs(30)),
+        "{:?}",
+        node.handle().status().error()
+    );
+    // Let flushes and combinations run, then read everything through storage.
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(visible(&node), model.tables);
+    let total: i64 = model.tables[0]
+        .values()
+        .map(|r| match r[2] {
+            V::I(c) => c,
+            _ => 0,
+        })
+        .sum();
+    assert!(total != 0);
+    node.shutdown();
+    let lake = dir.path().join("data/lake/tables/bank.accounts");
+    assert!(lake.exists(), "blocks were flushed to the lake");
+}
+
+/// Writes `lines` (a good transaction, then the bad ones) and replays them.
+fn replay_lines(lines: &[String], on_error: OnError) -> (tempfile::TempDir, Node, SinkReport) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.json");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink(&node, &path, on_error, &dir.path().join("dead.json"));
+    if let Some(ts) = report.last_ts {
+        node.handle().wait_visible(ts, Duration::from_secs(10));
+    }
+    // A shard's failure reaches the status through the coordinator.
+    std::thread::sleep(Duration::from_millis(50));
+    (dir, node, report)
+}
+
+fn txn_lines(id: &str, changes: &[Change]) -> Vec<String> {
+    let tables = tables();
+    let mut out = Vec::new();
+    let order: Vec<usize> = (0..changes.len()).collect();
+    Writer {
+        out: &mut out,
+        tables: &tables,
+    }
+    .txn(id, changes, false, &order);
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn account(id: i64, cents: i64) -> Row {
+    vec![
+        V::I(id),
+        V::S(format!("o{id}")),
+        V::I(cents),
+        V::I(19_000),
+        V::I(1_700_000_000_000_000),
+    ]
+}
+
+#[test]
+fn bad_input_stops_before_the_transaction_and_keeps_what_came_before() {
+    let good = txn_lines(
+        "t1",
+        &[
+            Change::Insert(0, account(1, 100)),
+            Change::Insert(0, account(2, 200)),
+        ],
+    );
+    let later = txn_lines("t3", &[Change::Insert(0, account(9, 900))]);
+    let insert3 = txn_lines("t2", &[Change::Insert(0, account(3, 300))]);
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "not json",
+            vec![insert3[0].clone(), "{not json".into()],
+            "in.json:6:",
+        ),
+        (
+            "unknown table",
+            vec![
+                insert3[0].clone(),
+                insert3[1].replace("\"accounts\"", "\"ghosts\""),
+                insert3[2].clone(),
+            ],
+            "ghosts",
+        ),
+        (
+            "missing key column",
+            vec![
+                insert3[0].clone(),
+                insert3[1].replace("\"id\":3,", ""),
+                insert3[2].clone(),
+            ],
+            "`id`",
+        ),
+        (
+            "value too wide",
+            vec![
+                insert3[0].clone(),
+                insert3[1].replace("\"3.00\"", "\"99999999999.00\""),
+                insert3[2].clone(),
+            ],
+            "balance",
+        ),
+        (
+            "END count mismatch",
+            vec![
+                insert3[0].clone(),
+                insert3[1].clone(),
+                insert3[2].replace("\"event_count\":1", "\"event_count\":2"),
+            ],
+            "t2",
+        ),
+        (
+            "delete of a missing key",
+            txn_lines("t2", &[Change::Delete(0, account(42, 0))]),
+            "(id=42) does not exist",
+        ),
+        (
+            "duplicate insert",
+            txn_lines("t2", &[Change::Insert(0, account(1, 5))]),
+            "(id=1) already exists",
+        ),
+    ];
+    for (name, bad, expect) in cases {
+        let mut lines = good.clone();
+        lines.extend(bad);
+        lines.extend(later.clone());
+        let (_dir, node, report) = replay_lines(&lines, OnError::Stop);
+        let error = node
+            .handle()
+            .status()
+            .error()
+            .unwrap_or_else(|| panic!("{name}: no error"));
+        assert!(error.contains(expect), "{name}: {error}");
+        assert!(
+            error.contains("in.json:") || error.contains("shard"),
+            "{name} names a position: {error}"
+        );
+        let rows = visible(&node);
+        let ids: Vec<&Row> = rows[0].keys().collect();
+        assert_eq!(
+            ids,
+            vec![&vec![V::I(1)], &vec![V::I(2)]],
+            "{name}: t1 stays, nothing after it: {report:?} hwm {:?} {error}",
+            node.handle().status().hwm()
+        );
+        node.shutdown();
+    }
+}
+
+#[test]
+fn skip_sends_the_whole_bad_transaction_to_the_dead_letter_file() {
+    let mut lines = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    let bad = txn_lines(
+        "t2",
+        &[
+            Change::Insert(0, account(2, 1)),
+            Change::Insert(0, account(3, 1)),
+        ],
+    );
+    lines.push(bad[0].clone());
+    lines.push(bad[1].clone());
+    lines.push(bad[2].replace("\"owner\":\"o3\"", "\"owner\":12"));
+    lines.push(bad[3].clone());
+    lines.extend(txn_lines("t3", &[Change::Insert(0, account(4, 400))]));
+    let (dir, node, report) = replay_lines(&lines, OnError::Skip);
+    assert_eq!(report.stopped_by, None);
+    assert_eq!(report.dead_lettered, 1);
+    let rows = visible(&node);
+    let ids: Vec<&Row> = rows[0].keys().collect();
+    assert_eq!(ids, vec![&vec![V::I(1)], &vec![V::I(4)]], "no partial t2");
+    let dead = std::fs::read_to_string(dir.path().join("dead.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(dead.trim()).unwrap();
+    assert_eq!(record["transaction"], "t2");
+    assert_eq!(
+        record["lines"].as_array().unwrap().len(),
+        4,
+        "BEGIN, two events, END"
+    );
+    assert!(
+        record["reason"].as_str().unwrap().contains("owner"),
+        "{record}"
+    );
+    node.shutdown();
+}
