@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod coordinator;
 pub mod debezium;
+pub mod metrics;
 pub mod node;
 pub mod router;
 pub mod settings;

@@ -1,6 +1,7 @@
 //! The `retina` command.
 
 mod demo;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -20,10 +21,17 @@ enum Command {
     /// Runs the storage engine on a generated CH-benCHmark order-line stream in a temporary
     /// directory and shows what it does: replay, flushes into Parquet, snapshot reads, GC.
     Demo(demo::DemoArgs),
+    /// Runs a node: replays a Debezium JSON source into Parquet until stopped (SIGTERM, Ctrl-C).
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }

@@ -1,0 +1,186 @@
+//! Node status as Prometheus text over HTTP (`--metrics ADDR`): a small blocking server on its
+//! own thread, reading the counters and gauges the actors keep in [`NodeStatus`].
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::node::NodeStatus;
+
+/// How often the server looks for a connection or a stop, and samples rows/s.
+const POLL: Duration = Duration::from_millis(50);
+/// Largest request head read before answering.
+const MAX_REQUEST_BYTES: usize = 8 << 10;
+
+/// Serves `/metrics` (any path) on `addr` until `stop`. Returns the bound address.
+pub fn serve(
+    addr: SocketAddr,
+    status: Arc<NodeStatus>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let handle = std::thread::Builder::new()
+        .name("retina-metrics".into())
+        .spawn(move || {
+            let mut rate = Rate::new(status.rows_applied.load(Ordering::Relaxed));
+            while !stop.load(Ordering::Relaxed) {
+                rate.sample(status.rows_applied.load(Ordering::Relaxed));
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let _ = answer(stream, &render(&status, rate.per_second));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(POLL)
+                    }
+                    Err(e) => tracing::warn!("metrics: {e}"),
+                }
+            }
+        })?;
+    Ok((bound, handle))
+}
+
+/// Rows per second over the last second or so.
+struct Rate {
+    at: Instant,
+    rows: u64,
+    per_second: f64,
+}
+
+impl Rate {
+    fn new(rows: u64) -> Self {
+        Rate {
+            at: Instant::now(),
+            rows,
+            per_second: 0.0,
+        }
+    }
+
+    fn sample(&mut self, rows: u64) {
+        let dt = self.at.elapsed();
+        if dt >= Duration::from_secs(1) {
+            self.per_second = (rows - self.rows) as f64 / dt.as_secs_f64();
+            self.at = Instant::now();
+            self.rows = rows;
+        }
+    }
+}
+
+fn answer(mut stream: TcpStream, body: &str) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_BYTES {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The Prometheus text exposition of the node's status.
+pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
+    metric(
+        "retina_hwm",
+        "gauge",
+        "High watermark: every transaction below it is visible.",
+        load(&s.hwm),
+    );
+    metric(
+        "retina_lwm",
+        "gauge",
+        "Low watermark: no running query reads below it.",
+        load(&s.lwm),
+    );
+    metric(
+        "retina_transactions_submitted_total",
+        "counter",
+        "Source transactions handed to the shards.",
+        load(&s.txns_submitted),
+    );
+    metric(
+        "retina_rows_applied_total",
+        "counter",
+        "Row operations the shards applied.",
+        load(&s.rows_applied),
+    );
+    metric(
+        "retina_rows_per_second",
+        "gauge",
+        "Rows applied per second over the last second.",
+        format!("{rows_per_second:.1}"),
+    );
+    metric(
+        "retina_backlog_batches",
+        "gauge",
+        "Batches sent to shards and not yet applied.",
+        load(&s.backlog_batches),
+    );
+    metric(
+        "retina_duplicates_skipped_total",
+        "counter",
+        "Source transactions skipped as already applied.",
+        load(&s.duplicates_skipped),
+    );
+    metric(
+        "retina_dead_lettered_total",
+        "counter",
+        "Transactions written to the dead-letter file.",
+        load(&s.dead_lettered),
+    );
+    metric(
+        "retina_running_queries",
+        "gauge",
+        "Queries holding a snapshot.",
+        load(&s.running_queries),
+    );
+    metric(
+        "retina_replay_stopped",
+        "gauge",
+        "1 when an error stopped replay (see the log).",
+        u8::from(s.error().is_some()).to_string(),
+    );
+    metric(
+        "retina_source_done",
+        "gauge",
+        "1 when the source reached its end.",
+        u8::from(s.source_done.load(Ordering::Relaxed)).to_string(),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP retina_memory_bytes Memory by shard and structure.\n# TYPE retina_memory_bytes gauge"
+    );
+    for (i, m) in s.shard_memory.iter().enumerate() {
+        for (structure, v) in [
+            ("index", &m.index_bytes),
+            ("write_buffer", &m.write_buffer_bytes),
+            ("visibility", &m.visibility_bytes),
+        ] {
+            let _ = writeln!(
+                out,
+                "retina_memory_bytes{{shard=\"{i}\",structure=\"{structure}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+    }
+    out
+}

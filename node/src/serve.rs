@@ -1,0 +1,145 @@
+//! `retina serve`: a node replaying a Debezium JSON source, serving until it is stopped.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use retina_node::catalog::Catalog;
+use retina_node::debezium::TxnMode;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Where the node keeps its state and its lake (Parquet files under `lake/`).
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// SQL DDL of the tables to replay (`CREATE TABLE ... PRIMARY KEY (...)`).
+    #[arg(long)]
+    schema: PathBuf,
+    /// The change stream: `file:PATH` or `stdin` (Debezium JSON, one message per line).
+    #[arg(long)]
+    source: SourceSpec,
+    /// Replayer shards (default: the config file's, else one per core).
+    #[arg(long)]
+    shards: Option<u16>,
+    /// Settings file (TOML); see ops/retina.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Keep reading at the end of the source file, like `tail -f`.
+    #[arg(long)]
+    follow: bool,
+    /// The stream has no BEGIN/END transaction metadata: replay each event as a transaction.
+    #[arg(long)]
+    no_txn_metadata: bool,
+    /// A transaction that cannot be replayed stops replay (stop), or goes to the dead-letter
+    /// file while replay goes on (skip).
+    #[arg(long, value_enum, default_value_t = OnError::Stop)]
+    on_error: OnError,
+    /// Dead-letter file for `--on-error skip` (default: DATA_DIR/dead-letter.jsonl).
+    #[arg(long)]
+    dead_letter: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut settings = match &args.config {
+        Some(p) => Settings::from_file(p)?,
+        None => Settings::default(),
+    };
+    if let Some(n) = args.shards {
+        settings.shards = n;
+    }
+    settings.validate()?;
+    let ddl = std::fs::read_to_string(&args.schema)
+        .with_context(|| format!("reading the schema {}", args.schema.display()))?;
+    let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
+    let max_group_txns = settings.max_group_txns;
+    let shards = settings.shard_count();
+    let node = Node::start(NodeOptions {
+        data_dir: args.data_dir.clone(),
+        catalog: catalog.clone(),
+        settings,
+    })?;
+    let handle = node.handle().clone();
+    tracing::info!(
+        "serving {} tables on {shards} shards from {}; data in {}",
+        catalog.tables().len(),
+        match &args.source {
+            SourceSpec::File(p) => p.display().to_string(),
+            SourceSpec::Stdin => "stdin".into(),
+        },
+        args.data_dir.display()
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let (bound, thread) =
+                retina_node::metrics::serve(addr, handle.status().clone(), stop.clone())
+                    .with_context(|| format!("serving metrics on {addr}"))?;
+            tracing::info!("metrics on http://{bound}/metrics");
+            Some(thread)
+        }
+        None => None,
+    };
+
+    let options = SinkOptions {
+        source: args.source,
+        follow: args.follow,
+        mode: if args.no_txn_metadata {
+            TxnMode::NoMetadata
+        } else {
+            TxnMode::Metadata
+        },
+        on_error: args.on_error,
+        dead_letter: args
+            .dead_letter
+            .unwrap_or_else(|| args.data_dir.join("dead-letter.jsonl")),
+        max_group_txns,
+    };
+    let sink = {
+        let handle = handle.clone();
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("retina-sink".into())
+            .spawn(move || {
+                let report = run_sink(&handle, &options, &stop);
+                match &report.stopped_by {
+                    Some(e) => tracing::error!("replay stopped: {e}"),
+                    None => tracing::info!(
+                        "source done: {} transactions, {} duplicates skipped, {} dead-lettered; still serving",
+                        report.transactions, report.duplicates_skipped, report.dead_lettered
+                    ),
+                }
+                report
+            })?
+    };
+
+    // Serve until SIGTERM or Ctrl-C.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let signal = signals.forever().next();
+    tracing::info!("stopping on signal {signal:?}");
+    stop.store(true, Ordering::Relaxed);
+    // A sink blocked on stdin cannot be interrupted; give it a moment, then go on without it.
+    for _ in 0..50 {
+        if sink.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let hwm = handle.status().hwm();
+    node.shutdown();
+    if let Some(m) = metrics {
+        let _ = m.join();
+    }
+    tracing::info!("stopped at HWM {}", hwm.get());
+    Ok(())
+}

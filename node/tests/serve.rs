@@ -1,0 +1,156 @@
+//! `retina serve` as a user runs it: from a file and from stdin, serving metrics, until SIGTERM.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v VARCHAR(10), amount DECIMAL(8,2));";
+
+fn stream(txns: usize) -> String {
+    let mut s = String::new();
+    for i in 0..txns {
+        let id = format!("{i}");
+        s += &format!(
+            "{{\"status\":\"BEGIN\",\"id\":\"{id}\",\"event_count\":null,\"data_collections\":null}}\n"
+        );
+        s += &format!(
+            "{{\"before\":null,\"after\":{{\"id\":{i},\"v\":\"r{i}\",\"amount\":\"{i}.25\"}},\"op\":\"c\",\
+             \"source\":{{\"schema\":\"public\",\"table\":\"t\"}},\
+             \"transaction\":{{\"id\":\"{id}\",\"total_order\":1,\"data_collection_order\":1}}}}\n"
+        );
+        s += &format!(
+            "{{\"status\":\"END\",\"id\":\"{id}\",\"event_count\":1,\
+             \"data_collections\":[{{\"data_collection\":\"public.t\",\"event_count\":1}}]}}\n"
+        );
+    }
+    s
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn metrics(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until the node's metrics say the source is done at `hwm`.
+fn wait_done(child: &mut Child, port: u16, hwm: f64) {
+    let start = Instant::now();
+    loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "retina serve exited early"
+        );
+        if let Some(m) = metrics(port)
+            && metric(&m, "retina_source_done") == Some(1.0)
+            && metric(&m, "retina_hwm") == Some(hwm)
+        {
+            assert_eq!(metric(&m, "retina_replay_stopped"), Some(0.0));
+            assert_eq!(metric(&m, "retina_rows_applied_total"), Some(hwm - 2.0));
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no progress: {:?}",
+            metrics(port)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(child: Child) -> String {
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    log
+}
+
+fn serve(dir: &std::path::Path, source: &str, port: u16, stdin: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args(["serve", "--shards", "2", "--source", source, "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--schema")
+        .arg(dir.join("s.sql"))
+        .stdin(stdin)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn serves_a_file_until_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    std::fs::write(dir.path().join("in.json"), stream(500)).unwrap();
+    let port = free_port();
+    let source = format!("file:{}", dir.path().join("in.json").display());
+    let mut child = serve(dir.path(), &source, port, Stdio::null());
+    wait_done(&mut child, port, 502.0);
+    // It keeps serving after the source ended.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(child.try_wait().unwrap().is_none());
+    let log = stop(child);
+    assert!(log.contains("stopped at HWM 502"), "{log}");
+    let state = std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap();
+    assert!(state.contains("hwm=502"), "{state}");
+}
+
+#[test]
+fn serves_stdin_and_reports_bad_input_with_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let port = free_port();
+    let mut child = serve(dir.path(), "stdin", port, Stdio::piped());
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stream(20).as_bytes()).unwrap();
+    input
+        .write_all(b"{\"status\":\"BEGIN\",\"id\":\"x\"}\nnot json at all\n")
+        .unwrap();
+    drop(input);
+    let start = Instant::now();
+    loop {
+        let m = metrics(port).unwrap_or_default();
+        if metric(&m, "retina_replay_stopped") == Some(1.0) {
+            assert_eq!(
+                metric(&m, "retina_hwm"),
+                Some(22.0),
+                "the 20 good transactions stay"
+            );
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = stop(child);
+    assert!(
+        log.contains("stdin:62: malformed Debezium message"),
+        "{log}"
+    );
+    assert!(log.contains("(transaction x)"), "{log}");
+}
