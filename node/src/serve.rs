@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// Settings file (TOML); see ops/retina.toml.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Overrides one setting of the file (repeatable): `--set zstd_level=0`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
     /// Keep reading at the end of the source file, like `tail -f`.
     #[arg(long)]
     follow: bool,
@@ -50,10 +53,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut settings = match &args.config {
-        Some(p) => Settings::from_file(p)?,
-        None => Settings::default(),
-    };
+    let mut settings = Settings::load(args.config.as_deref(), &args.overrides)?;
     if let Some(n) = args.shards {
         settings.shards = n;
     }

@@ -67,12 +67,34 @@ pub enum SettingsError {
 impl Settings {
     /// The defaults with `path`'s settings over them.
     pub fn from_file(path: &Path) -> Result<Self, SettingsError> {
-        let err = |reason: String| SettingsError::File {
-            path: path.display().to_string(),
-            reason,
+        Self::load(Some(path), &[])
+    }
+
+    /// The defaults, then the file's settings, then each `KEY=VALUE` override (a TOML value:
+    /// `shards=4`, `zstd_level=0`).
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Self, SettingsError> {
+        let mut table = match path {
+            Some(path) => {
+                let err = |reason: String| SettingsError::File {
+                    path: path.display().to_string(),
+                    reason,
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+                toml::from_str::<toml::Table>(&text).map_err(|e| err(e.to_string()))?
+            }
+            None => toml::Table::new(),
         };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        toml::from_str(&text).map_err(|e| err(e.to_string()))
+        for o in overrides {
+            let bad = |reason: String| SettingsError::Invalid(format!("--set {o}: {reason}"));
+            let (key, value) = o
+                .split_once('=')
+                .ok_or_else(|| bad("expected KEY=VALUE".into()))?;
+            let parsed: toml::Table = toml::from_str(&format!("{} = {}", key.trim(), value.trim()))
+                .map_err(|e| bad(e.to_string()))?;
+            table.extend(parsed);
+        }
+        Settings::deserialize(toml::Value::Table(table))
+            .map_err(|e| SettingsError::Invalid(e.to_string()))
     }
 
     pub fn storage(&self) -> StorageConfig {
@@ -133,6 +155,24 @@ mod tests {
             ..Settings::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn overrides_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.toml");
+        std::fs::write(&p, "shards = 3\nzstd_level = 5\n").unwrap();
+        let s = Settings::load(
+            Some(&p),
+            &["zstd_level=0".into(), "flush_interval_ms = 7".into()],
+        )
+        .unwrap();
+        assert_eq!((s.shards, s.zstd_level, s.flush_interval_ms), (3, 0, 7));
+        let e = Settings::load(None, &["nope=1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `nope`"), "{e}");
+        assert!(Settings::load(None, &["shards".into()]).is_err());
     }
 
     #[test]

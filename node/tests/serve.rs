@@ -90,9 +90,20 @@ fn stop(child: Child) -> String {
 }
 
 fn serve(dir: &std::path::Path, source: &str, port: u16, stdin: Stdio) -> Child {
+    serve_with(dir, source, port, stdin, &[])
+}
+
+fn serve_with(
+    dir: &std::path::Path,
+    source: &str,
+    port: u16,
+    stdin: Stdio,
+    extra: &[&str],
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_retina"))
         .args(["serve", "--shards", "2", "--source", source, "--metrics"])
         .arg(format!("127.0.0.1:{port}"))
+        .args(extra)
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--schema")
@@ -153,4 +164,73 @@ fn serves_stdin_and_reports_bad_input_with_its_position() {
         "{log}"
     );
     assert!(log.contains("(transaction x)"), "{log}");
+}
+
+/// Waits until the node's HWM is `hwm`.
+fn wait_hwm(child: &mut Child, port: u16, hwm: f64) {
+    let start = Instant::now();
+    while metrics(port).and_then(|m| metric(&m, "retina_hwm")) != Some(hwm) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "retina serve exited early"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            metrics(port)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn follows_a_growing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let path = dir.path().join("in.json");
+    std::fs::write(&path, "").unwrap();
+    let port = free_port();
+    let source = format!("file:{}", path.display());
+    let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &["--follow"]);
+    let all = stream(20);
+    let lines: Vec<&str> = all.lines().collect();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all((lines[..30].join("\n") + "\n").as_bytes())
+        .unwrap();
+    wait_hwm(&mut child, port, 12.0);
+    // A line written in two pieces is read once it is whole.
+    let rest = lines[30..].join("\n") + "\n";
+    let (a, b) = rest.split_at(17);
+    f.write_all(a.as_bytes()).unwrap();
+    f.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    f.write_all(b.as_bytes()).unwrap();
+    wait_hwm(&mut child, port, 22.0);
+    stop(child);
+}
+
+#[test]
+fn replays_a_stream_without_transaction_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let events: String = stream(30)
+        .lines()
+        .filter(|l| !l.contains("\"status\""))
+        .map(|l| l.to_owned() + "\n")
+        .collect();
+    std::fs::write(dir.path().join("in.json"), events).unwrap();
+    let port = free_port();
+    let source = format!("file:{}", dir.path().join("in.json").display());
+    let mut child = serve_with(
+        dir.path(),
+        &source,
+        port,
+        Stdio::null(),
+        &["--no-txn-metadata", "--set", "max_group_txns=4"],
+    );
+    wait_done(&mut child, port, 32.0);
+    stop(child);
 }
