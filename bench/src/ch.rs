@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use retina_storage::{ColumnDef, ColumnType, TableSchema, Value};
+use retina_storage::{ColumnDef, ColumnType, RowOp, TableOp, TableSchema, Value};
 
 /// TPC-C's `order_line` with CH-benCHmark's `fresh_ts`.
 pub fn orderline_schema() -> Arc<TableSchema> {
@@ -112,6 +112,219 @@ impl Iterator for OrderLines {
     }
 }
 
+/// TPC-C's `stock` with CH-benCHmark's `fresh_ts`.
+pub fn stock_schema() -> Arc<TableSchema> {
+    use ColumnType::*;
+    let c = |n: &str, t, null| ColumnDef::new(n, t, null);
+    TableSchema::new(
+        "stock",
+        vec![
+            c("s_i_id", Int32, false),
+            c("s_w_id", Int32, false),
+            c("s_quantity", Int32, false),
+            c(
+                "s_ytd",
+                Decimal {
+                    precision: 8,
+                    scale: 2,
+                },
+                false,
+            ),
+            c("s_order_cnt", Int32, false),
+            c("s_dist_info", Utf8, false),
+            c("fresh_ts", Timestamp, false),
+        ],
+        &["s_w_id", "s_i_id"],
+    )
+    .expect("the stock schema is valid")
+}
+
+/// The DDL of the replay workload's tables, in table-id order: stock (0), orderline (1).
+pub const REPLAY_DDL: &str = "
+CREATE TABLE stock (
+    s_i_id INT NOT NULL, s_w_id INT NOT NULL, s_quantity INT NOT NULL, s_ytd DECIMAL(8,2) NOT NULL,
+    s_order_cnt INT NOT NULL, s_dist_info CHAR(24) NOT NULL, fresh_ts TIMESTAMP NOT NULL,
+    PRIMARY KEY (s_w_id, s_i_id));
+CREATE TABLE orderline (
+    ol_o_id INT NOT NULL, ol_d_id INT NOT NULL, ol_w_id INT NOT NULL, ol_number INT NOT NULL,
+    ol_i_id INT NOT NULL, ol_supply_w_id INT NOT NULL, ol_delivery_d TIMESTAMP,
+    ol_quantity INT NOT NULL, ol_amount DECIMAL(6,2) NOT NULL, ol_dist_info CHAR(24) NOT NULL,
+    fresh_ts TIMESTAMP NOT NULL,
+    PRIMARY KEY (ol_w_id, ol_d_id, ol_o_id, ol_number));";
+
+/// Items per warehouse in TPC-C.
+pub const ITEMS: i64 = 100_000;
+
+/// The replay workload: a stock load (transactions of 1,000 inserts), then NewOrder-shaped
+/// transactions: 5..=15 order lines inserted and as many stock rows updated, items drawn with
+/// NURand(8191). Table 0 is stock, table 1 orderline (see [`REPLAY_DDL`]).
+pub fn replay_workload(
+    seed: u64,
+    warehouses: i64,
+    new_orders: usize,
+) -> Vec<Vec<TableOp<Vec<Value>>>> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut stock: std::collections::HashMap<(i64, i64), Vec<Value>> = Default::default();
+    let mut txns = Vec::new();
+    let now = 1_767_225_600_000_000i64;
+    let mut load = Vec::new();
+    for w in 1..=warehouses {
+        for i in 1..=ITEMS {
+            let row = vec![
+                Value::Int(i),
+                Value::Int(w),
+                Value::Int(rng.random_range(10..=100)),
+                Value::Decimal(0),
+                Value::Int(0),
+                Value::Utf8(format!("{:024}", i * 7 + w)),
+                Value::Timestamp(now),
+            ];
+            stock.insert((w, i), row.clone());
+            load.push(TableOp {
+                table: 0,
+                op: RowOp::Insert(row),
+            });
+            if load.len() == 1000 {
+                txns.push(std::mem::take(&mut load));
+            }
+        }
+    }
+    if !load.is_empty() {
+        txns.push(load);
+    }
+    let mut next_o = vec![[1i64; 10]; warehouses as usize];
+    for n in 0..new_orders {
+        let w = rng.random_range(1..=warehouses);
+        let d = rng.random_range(1..=10i64);
+        let o = next_o[(w - 1) as usize][(d - 1) as usize];
+        next_o[(w - 1) as usize][(d - 1) as usize] += 1;
+        let fresh = Value::Timestamp(now + n as i64 * 1000);
+        let lines = rng.random_range(5..=15);
+        let mut items = std::collections::BTreeSet::new();
+        while items.len() < lines {
+            items.insert(nurand(&mut rng, 8191, 1, ITEMS));
+        }
+        let mut ops = Vec::with_capacity(lines * 2);
+        for (k, &i) in items.iter().enumerate() {
+            let qty = rng.random_range(1..=10);
+            let before = stock.get(&(w, i)).expect("loaded").clone();
+            let mut after = before.clone();
+            if let (Value::Int(q), Value::Int(cnt)) = (&before[2], &before[4]) {
+                after[2] = Value::Int(if q - qty >= 10 { q - qty } else { q - qty + 91 });
+                after[4] = Value::Int(cnt + 1);
+            }
+            if let Value::Decimal(ytd) = before[3] {
+                after[3] = Value::Decimal(ytd + i128::from(qty) * 100);
+            }
+            after[6] = fresh.clone();
+            stock.insert((w, i), after.clone());
+            ops.push(TableOp {
+                table: 0,
+                op: RowOp::Update { before, after },
+            });
+            ops.push(TableOp {
+                table: 1,
+                op: RowOp::Insert(vec![
+                    Value::Int(o),
+                    Value::Int(d),
+                    Value::Int(w),
+                    Value::Int(k as i64 + 1),
+                    Value::Int(i),
+                    Value::Int(w),
+                    Value::Null,
+                    Value::Int(qty),
+                    Value::Decimal(rng.random_range(1..=999_999)),
+                    Value::Utf8(format!("{:024}", i)),
+                    fresh.clone(),
+                ]),
+            });
+        }
+        txns.push(ops);
+    }
+    txns
+}
+
+/// Writes transactions as Debezium JSON lines (bare payloads with BEGIN/END metadata; decimals
+/// as strings, timestamps as microseconds), the way a PostgreSQL connector emits them.
+pub fn write_debezium(
+    out: &mut impl std::io::Write,
+    schemas: &[Arc<TableSchema>],
+    txns: &[Vec<TableOp<Vec<Value>>>],
+) -> std::io::Result<()> {
+    use serde_json::{Map, Value as J, json};
+    let value = |ty: ColumnType, v: &Value| -> J {
+        match (ty, v) {
+            (_, Value::Null) => J::Null,
+            (ColumnType::Decimal { scale, .. }, Value::Decimal(d)) => {
+                let s = scale as u32;
+                let p = 10i128.pow(s);
+                let sign = if *d < 0 { "-" } else { "" };
+                json!(format!(
+                    "{sign}{}.{:0w$}",
+                    d.abs() / p,
+                    d.abs() % p,
+                    w = s as usize
+                ))
+            }
+            (_, Value::Int(i)) => json!(i),
+            (_, Value::Timestamp(t)) => json!(t),
+            (_, Value::Date(d)) => json!(d),
+            (_, Value::Utf8(s)) => json!(s),
+            (_, Value::Boolean(b)) => json!(b),
+            (_, Value::Float(f)) => json!(f),
+            (_, Value::Decimal(d)) => json!(d.to_string()),
+        }
+    };
+    let row = |t: usize, r: &[Value]| -> J {
+        let cols = schemas[t].columns();
+        J::Object(
+            cols.iter()
+                .zip(r)
+                .map(|(c, v)| (c.name.clone(), value(c.ty, v)))
+                .collect::<Map<_, _>>(),
+        )
+    };
+    for (n, txn) in txns.iter().enumerate() {
+        let id = n.to_string();
+        writeln!(
+            out,
+            "{}",
+            json!({"status": "BEGIN", "id": id, "event_count": null, "data_collections": null})
+        )?;
+        let mut per_table = vec![0u64; schemas.len()];
+        for (i, op) in txn.iter().enumerate() {
+            let t = op.table as usize;
+            per_table[t] += 1;
+            let (code, before, after) = match &op.op {
+                RowOp::Insert(r) => ("c", J::Null, row(t, r)),
+                RowOp::Delete(r) => ("d", row(t, r), J::Null),
+                RowOp::Update { before, after } => ("u", row(t, before), row(t, after)),
+            };
+            writeln!(
+                out,
+                "{}",
+                json!({
+                    "before": before, "after": after, "op": code, "ts_ms": 1_767_225_600_000u64,
+                    "source": {"connector": "postgresql", "db": "ch", "schema": "public", "table": schemas[t].name()},
+                    "transaction": {"id": id, "total_order": i + 1, "data_collection_order": per_table[t]},
+                })
+            )?;
+        }
+        let collections: Vec<J> = per_table
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(t, n)| json!({"data_collection": format!("public.{}", schemas[t].name()), "event_count": n}))
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            json!({"status": "END", "id": id, "event_count": txn.len(), "data_collections": collections})
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +344,34 @@ mod tests {
             retina_storage::key::encode_key(&s, r, &mut k);
             assert!(keys.insert(k), "keys are unique");
         }
+    }
+
+    #[test]
+    fn the_replay_workload_is_deterministic_and_applies_cleanly() {
+        let a = replay_workload(3, 1, 200);
+        assert_eq!(a, replay_workload(3, 1, 200));
+        let mut shard = retina_storage::Shard::new(0, Default::default()).unwrap();
+        shard.add_table(stock_schema());
+        shard.add_table(orderline_schema());
+        for (i, t) in a.iter().enumerate() {
+            let ts = retina_storage::Timestamp::new(i as u64 + 2).unwrap();
+            shard.apply(ts, t).unwrap();
+        }
+        assert_eq!(shard.live_keys(0).unwrap(), ITEMS as usize);
+        let mut json = Vec::new();
+        write_debezium(
+            &mut json,
+            &[stock_schema(), orderline_schema()],
+            &a[a.len() - 2..],
+        )
+        .unwrap();
+        let text = String::from_utf8(json).unwrap();
+        assert!(
+            text.starts_with(
+                "{\"data_collections\":null,\"event_count\":null,\"id\":\"0\",\"status\":\"BEGIN\"}"
+            ),
+            "{}",
+            &text[..80]
+        );
     }
 }

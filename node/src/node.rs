@@ -358,12 +358,36 @@ impl NodeHandle {
         &self,
         txns: &[Vec<TableOp<R>>],
     ) -> Result<RangeInclusive<u64>, NodeError> {
-        let n = txns.len() as u64;
+        let range = self.allocate(txns.len() as u64)?;
+        let batches = self.encode_group(txns, range.clone());
+        self.send_encoded(batches)?;
+        self.status
+            .txns_submitted
+            .fetch_add(txns.len() as u64, Ordering::Relaxed);
+        Ok(range)
+    }
+
+    /// `n` consecutive timestamps from the coordinator (group begin).
+    pub fn allocate(&self, n: u64) -> Result<RangeInclusive<u64>, NodeError> {
         let (tx, rx) = flume::bounded(1);
         self.coord
             .send(CoordMsg::Allocate { n, reply: tx })
             .map_err(|_| NodeError::Stopped)?;
-        let range = rx.recv().map_err(|_| NodeError::Stopped)??;
+        Ok(rx.recv().map_err(|_| NodeError::Stopped)??)
+    }
+
+    /// Routes a group of transactions that got the timestamps `range` and encodes every
+    /// shard's slice as an op batch (one per shard, in shard order).
+    pub fn encode_group<R: AsRef<[Value]> + RowRef>(
+        &self,
+        txns: &[Vec<TableOp<R>>],
+        range: RangeInclusive<u64>,
+    ) -> Vec<AlignedVec> {
+        assert_eq!(
+            txns.len() as u64,
+            range.end() - range.start() + 1,
+            "a timestamp per transaction"
+        );
         let shards = self.shard_count();
         let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
         let mut scratch = Vec::new();
@@ -382,6 +406,8 @@ impl NodeHandle {
                         if from == to {
                             per_shard[usize::from(from)].push(WireTableOp::from(op));
                         } else {
+                            // A key-changing update across shards: a delete on one, an insert
+                            // on the other, in the same mirror transaction.
                             let delete = TableOp {
                                 table: op.table,
                                 op: RowOp::Delete(before.as_ref()),
@@ -402,19 +428,29 @@ impl NodeHandle {
                 }
             }
         }
-        for (s, txns) in slices.into_iter().enumerate() {
-            let batch = OpBatch {
-                txns,
-                applied_through: *range.end(),
-            };
-            let bytes = batch.encode().expect("op batches encode");
+        slices
+            .into_iter()
+            .map(|txns| {
+                OpBatch {
+                    txns,
+                    applied_through: *range.end(),
+                }
+                .encode()
+                .expect("op batches encode")
+            })
+            .collect()
+    }
+
+    /// Sends each shard its batch (from [`Self::encode_group`]), blocking while a queue is full.
+    pub fn send_encoded(&self, batches: Vec<AlignedVec>) -> Result<(), NodeError> {
+        assert_eq!(batches.len(), self.shards.len(), "a batch per shard");
+        for (s, bytes) in batches.into_iter().enumerate() {
             self.status.backlog_batches.fetch_add(1, Ordering::Relaxed);
             self.shards[s]
                 .send(ShardMsg::Apply(bytes))
                 .map_err(|_| NodeError::Stopped)?;
         }
-        self.status.txns_submitted.fetch_add(n, Ordering::Relaxed);
-        Ok(range)
+        Ok(())
     }
 
     /// Waits until HWM passes `ts` (every transaction through `ts` is visible), an error stops
