@@ -129,7 +129,7 @@ fn replay(
             for group in txns.chunks(settings.max_group_txns) {
                 let range = h.allocate(group.len() as u64)?;
                 last = *range.end();
-                groups.push(h.encode_group(group, range));
+                groups.push(h.encode_group(group, range, &[]));
             }
             let start = Instant::now();
             for g in groups {

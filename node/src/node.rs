@@ -357,9 +357,10 @@ impl NodeHandle {
     pub fn submit<R: AsRef<[Value]> + RowRef>(
         &self,
         txns: &[Vec<TableOp<R>>],
+        sources: &[String],
     ) -> Result<RangeInclusive<u64>, NodeError> {
         let range = self.allocate(txns.len() as u64)?;
-        let batches = self.encode_group(txns, range.clone());
+        let batches = self.encode_group(txns, range.clone(), sources);
         self.send_encoded(batches)?;
         self.status
             .txns_submitted
@@ -377,11 +378,13 @@ impl NodeHandle {
     }
 
     /// Routes a group of transactions that got the timestamps `range` and encodes every
-    /// shard's slice as an op batch (one per shard, in shard order).
+    /// shard's slice as an op batch (one per shard, in shard order). `sources` names where each
+    /// transaction came from, for errors (or is empty).
     pub fn encode_group<R: AsRef<[Value]> + RowRef>(
         &self,
         txns: &[Vec<TableOp<R>>],
         range: RangeInclusive<u64>,
+        sources: &[String],
     ) -> Vec<AlignedVec> {
         assert_eq!(
             txns.len() as u64,
@@ -391,7 +394,8 @@ impl NodeHandle {
         let shards = self.shard_count();
         let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
         let mut scratch = Vec::new();
-        for (txn, ts) in txns.iter().zip(range.clone()) {
+        for (i, (txn, ts)) in txns.iter().zip(range.clone()).enumerate() {
+            let source = sources.get(i).cloned().unwrap_or_default();
             let mut per_shard: Vec<Vec<WireTableOp>> = vec![Vec::new(); shards.into()];
             for op in txn {
                 let schema = self.catalog.get(op.table).expect("ops name catalog tables");
@@ -424,7 +428,11 @@ impl NodeHandle {
             }
             for (s, ops) in per_shard.into_iter().enumerate() {
                 if !ops.is_empty() {
-                    slices[s].push(WireTxn { ts, ops });
+                    slices[s].push(WireTxn {
+                        ts,
+                        source: source.clone(),
+                        ops,
+                    });
                 }
             }
         }
@@ -747,7 +755,13 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
                     .rows_applied
                     .fetch_add(stats.inserted.max(stats.deleted), Ordering::Relaxed);
             }
-            Err(e) => return fail_txn(ctx, shard, ts, e.to_string()),
+            Err(e) => {
+                let error = match txn.source.as_str() {
+                    "" => e.to_string(),
+                    source => format!("{source}: {e}"),
+                };
+                return fail_txn(ctx, shard, ts, error);
+            }
         }
     }
     let through = match Timestamp::new(batch.applied_through.to_native()) {

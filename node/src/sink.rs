@@ -98,6 +98,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         name,
         assembler: TxnAssembler::new(options.mode),
         group: Vec::new(),
+        sources: Vec::new(),
         raw: Vec::new(),
         skipping: None,
         report: SinkReport::default(),
@@ -154,6 +155,8 @@ struct Sink<'a> {
     name: Arc<str>,
     assembler: TxnAssembler,
     group: Vec<Ops>,
+    /// Where each transaction of the group came from, for errors.
+    sources: Vec<String>,
     /// The raw lines of the open transaction, for the dead-letter file.
     raw: Vec<String>,
     /// Skipping the rest of a bad transaction: its id and the dead-letter record so far.
@@ -205,6 +208,8 @@ impl Sink<'_> {
                 // group is a duplicate too.
                 self.assembler.mark_applied(&txn.id, &txn.end);
                 self.group.push(ops);
+                self.sources
+                    .push(format!("{} (transaction {})", txn.begin, txn.id));
                 true
             }
             Ok(None) => {
@@ -295,11 +300,12 @@ impl Sink<'_> {
 
     /// Hands the group to the node; false if the node has stopped.
     fn submit(&mut self) -> bool {
-        match self.node.submit(&self.group) {
+        match self.node.submit(&self.group, &self.sources) {
             Ok(range) => {
                 self.report.last_ts = Some(*range.end());
                 self.report.transactions += self.group.len() as u64;
                 self.group.clear();
+                self.sources.clear();
                 self.node
                     .status()
                     .duplicates_skipped

@@ -42,6 +42,9 @@ pub struct WireTableOp {
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub struct WireTxn {
     pub ts: u64,
+    /// Where the source transaction came from (`file:line (transaction id)`), for errors; may
+    /// be empty.
+    pub source: String,
     pub ops: Vec<WireTableOp>,
 }
 
@@ -202,6 +205,7 @@ mod tests {
         let batch = OpBatch {
             txns: vec![WireTxn {
                 ts: 2,
+                source: "in.json:1 (transaction 1)".into(),
                 ops: ops.iter().map(WireTableOp::from).collect(),
             }],
             applied_through: 4,
