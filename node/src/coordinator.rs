@@ -59,6 +59,9 @@ pub struct Persisted {
     /// Every timestamp up to here may have been handed out.
     pub reserved_through: u64,
     pub hwm: Hwm,
+    /// How many times a node started on this data directory; each run allocates file ids in
+    /// a range of its own.
+    pub runs: u64,
 }
 
 impl Default for Persisted {
@@ -66,11 +69,13 @@ impl Default for Persisted {
         Persisted {
             reserved_through: Timestamp::GENESIS.get(),
             hwm: Hwm::INITIAL,
+            runs: 0,
         }
     }
 }
 
 pub struct CoordinatorState {
+    runs: u64,
     next_ts: u64,
     reserved_through: u64,
     applied: Vec<Timestamp>,
@@ -84,6 +89,7 @@ impl CoordinatorState {
     pub fn new(shards: u16, persisted: Persisted) -> Self {
         let resumed = persisted.hwm.snapshot();
         CoordinatorState {
+            runs: persisted.runs,
             next_ts: persisted.reserved_through + 1,
             reserved_through: persisted.reserved_through,
             applied: vec![resumed; shards.into()],
@@ -134,6 +140,7 @@ impl CoordinatorState {
         Persisted {
             reserved_through: self.reserved_through,
             hwm: self.hwm,
+            runs: self.runs,
         }
     }
 
@@ -251,6 +258,7 @@ impl StateFile {
         };
         let mut reserved = None;
         let mut hwm = None;
+        let mut runs = 0;
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let (k, v) = line
                 .split_once('=')
@@ -262,6 +270,7 @@ impl StateFile {
             match k.trim() {
                 "reserved_through" => reserved = Some(v),
                 "hwm" => hwm = Some(v),
+                "runs" => runs = v,
                 other => return Err(corrupt(format!("unknown key `{other}`"))),
             }
         }
@@ -278,6 +287,7 @@ impl StateFile {
         Ok(Persisted {
             reserved_through,
             hwm: Hwm::after(hwm.prev_or_genesis())?,
+            runs,
         })
     }
 
@@ -287,9 +297,10 @@ impl StateFile {
         let mut f = std::fs::File::create(&tmp).map_err(|e| self.io(e))?;
         write!(
             f,
-            "reserved_through={}\nhwm={}\n",
+            "reserved_through={}\nhwm={}\nruns={}\n",
             p.reserved_through,
-            p.hwm.get()
+            p.hwm.get(),
+            p.runs
         )
         .map_err(|e| self.io(e))?;
         f.sync_all().map_err(|e| self.io(e))?;

@@ -228,7 +228,25 @@ impl Node {
         })?;
         let store = local_store(&options.data_dir.join("lake"))?;
         let state_file = StateFile::new(&options.data_dir);
-        let persisted = state_file.load()?;
+        let mut persisted = state_file.load()?;
+        // Each run gets file ids of its own: an earlier run's files are never overwritten.
+        persisted.runs += 1;
+        if persisted.runs >= 1 << 16 {
+            return Err(NodeError::DataDir {
+                path: options.data_dir.clone(),
+                source: std::io::Error::other("65,535 runs on one data directory: start a new one"),
+            });
+        }
+        state_file.store(persisted)?;
+        if persisted.runs > 1 {
+            tracing::warn!(
+                "{} held an earlier run (run {}); recovery from checkpoints is not built yet, so \
+                 the tables start empty: replay the source from its start",
+                options.data_dir.display(),
+                persisted.runs
+            );
+        }
+        let first_file_seq = persisted.runs << 32;
         let status = Arc::new(NodeStatus::new(shards));
         status
             .hwm
@@ -294,7 +312,7 @@ impl Node {
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cores))
                     .name(&format!("retina-shard-{id}"))
-                    .spawn(move || shard_main(ctx, config, rx))
+                    .spawn(move || shard_main(ctx, config, first_file_seq, rx))
                     .map_err(spawn_err(format!("shard {id}")))?,
             );
         }
@@ -638,9 +656,10 @@ struct ShardContext {
 async fn shard_main(
     ctx: ShardContext,
     config: retina_storage::StorageConfig,
+    first_file_seq: u64,
     rx: flume::Receiver<ShardMsg>,
 ) {
-    let mut shard = match Shard::new(ctx.id, config) {
+    let mut shard = match Shard::with_file_seq(ctx.id, config, first_file_seq) {
         Ok(s) => s,
         Err(e) => {
             ctx.status.fail(format!("shard {}: {e}", ctx.id));

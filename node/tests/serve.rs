@@ -234,3 +234,93 @@ fn replays_a_stream_without_transaction_metadata() {
     wait_done(&mut child, port, 32.0);
     stop(child);
 }
+
+fn lake_files(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    fn walk(
+        p: &std::path::Path,
+        out: &mut std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>,
+    ) {
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut out = Default::default();
+    walk(&dir.join("data/lake"), &mut out);
+    out
+}
+
+#[test]
+fn a_restart_never_reuses_timestamps_or_overwrites_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    std::fs::write(dir.path().join("in.json"), stream(600)).unwrap();
+    let source = format!("file:{}", dir.path().join("in.json").display());
+    let small = [
+        "--set",
+        "tile_rows=64",
+        "--set",
+        "block_rows=64",
+        "--set",
+        "row_group_rows=128",
+        "--set",
+        "file_rows=256",
+        "--set",
+        "flush_interval_ms=5",
+    ];
+    let port = free_port();
+    let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &small);
+    wait_done(&mut child, port, 602.0);
+    std::thread::sleep(Duration::from_millis(200));
+    stop(child);
+    let first = lake_files(dir.path());
+    assert!(!first.is_empty(), "blocks were flushed");
+    let state = std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap();
+    let reserved: u64 = state
+        .lines()
+        .find_map(|l| l.strip_prefix("reserved_through="))
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let port = free_port();
+    let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &small);
+    let start = Instant::now();
+    loop {
+        let m = metrics(port).unwrap_or_default();
+        if metric(&m, "retina_source_done") == Some(1.0)
+            && metric(&m, "retina_hwm").is_some_and(|h| h > reserved as f64 + 600.0)
+        {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "retina serve exited early"
+        );
+        assert!(start.elapsed() < Duration::from_secs(30), "{m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let log = stop(child);
+    assert!(
+        log.contains("recovery from checkpoints is not built yet"),
+        "{log}"
+    );
+    let second = lake_files(dir.path());
+    for (path, bytes) in &first {
+        assert_eq!(
+            second.get(path),
+            Some(bytes),
+            "{} was overwritten",
+            path.display()
+        );
+    }
+    assert!(
+        second.len() > first.len(),
+        "the second run wrote files of its own"
+    );
+}
