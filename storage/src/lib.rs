@@ -6,6 +6,7 @@
 pub mod buffer;
 pub mod config;
 pub mod error;
+pub mod fault;
 pub mod file;
 pub mod index;
 pub mod key;

@@ -584,13 +584,16 @@ impl Shard {
     /// Flushes every immutable block and combines every full virtual file, inline. The node
     /// runs the same steps on its I/O thread; tests, tools and the demo use this.
     pub async fn flush_and_combine(&mut self, store: &dyn ObjectStore) -> Result<()> {
+        // Every job taken is finished or handed back, even after a failure, so none is left
+        // marked as in flight; the first error is returned.
+        let mut first_error = None;
         for (t, job) in self.take_flush_jobs() {
             let schema = self.tables[t as usize].schema.clone();
             match file::flush_block(store, &schema, &self.config, &job).await {
                 Ok(()) => self.flush_done(t, job.block),
                 Err(e) => {
                     self.flush_failed(t, job.block);
-                    return Err(e);
+                    first_error.get_or_insert(e);
                 }
             }
         }
@@ -600,11 +603,11 @@ impl Shard {
                 Ok(groups) => self.combine_done(t, job, groups),
                 Err(e) => {
                     self.combine_failed(t, job.file);
-                    return Err(e);
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Memory GC: folds every delete at or before `safe_ts` into the base bitmaps and drops
