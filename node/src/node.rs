@@ -48,6 +48,8 @@ pub enum ShardMsg {
     },
     /// From the shard's own timer: time to hand full blocks and files to the I/O thread.
     Tick,
+    /// From the shard's own GC timer: time for memory GC.
+    GcTick,
     /// From the I/O thread: a block flush finished.
     Flushed {
         table: TableId,
@@ -307,6 +309,7 @@ impl Node {
                 status: status.clone(),
                 own: tx,
                 flush_interval: Duration::from_millis(settings.flush_interval_ms),
+                gc_interval: Duration::from_millis(settings.gc_interval_ms),
             };
             let config = settings.storage();
             executors.push(
@@ -651,6 +654,7 @@ struct ShardContext {
     status: Arc<NodeStatus>,
     own: flume::Sender<ShardMsg>,
     flush_interval: Duration,
+    gc_interval: Duration,
 }
 
 async fn shard_main(
@@ -669,17 +673,23 @@ async fn shard_main(
     for t in ctx.catalog.tables() {
         shard.add_table(t.clone());
     }
-    let tick = ctx.own.clone();
-    let every = ctx.flush_interval;
-    glommio::spawn_local(async move {
-        loop {
-            glommio::timer::sleep(every).await;
-            if tick.send_async(ShardMsg::Tick).await.is_err() {
-                break;
+    // Timers never act: they send a tick into the actor.
+    let ticks: [(Duration, fn() -> ShardMsg); 2] = [
+        (ctx.flush_interval, || ShardMsg::Tick),
+        (ctx.gc_interval, || ShardMsg::GcTick),
+    ];
+    for (every, msg) in ticks {
+        let tick = ctx.own.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(every).await;
+                if tick.send_async(msg()).await.is_err() {
+                    break;
+                }
             }
-        }
-    })
-    .detach();
+        })
+        .detach();
+    }
     // Set once a transaction fails: the shard applies nothing after it, but still answers reads.
     let mut stopped = false;
     let mut scratch = Vec::new();
@@ -695,6 +705,7 @@ async fn shard_main(
                 let _ = reply.send(shard.snapshot(table, ts));
             }
             ShardMsg::Tick => on_tick(&ctx, &mut shard),
+            ShardMsg::GcTick => on_gc(&ctx, &mut shard),
             ShardMsg::Flushed {
                 table,
                 block,
@@ -861,6 +872,23 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
         .store(m.write_buffer_bytes as u64, Ordering::Relaxed);
     mem.visibility_bytes
         .store(m.visibility_bytes as u64, Ordering::Relaxed);
+}
+
+/// Memory GC at `min(LWM, HWM - 1)`, and no further than this shard has applied. Both
+/// watermarks only grow and LWM <= HWM - 1, so a query that begins after they were read reads
+/// at or above the fold point.
+fn on_gc(ctx: &ShardContext, shard: &mut Shard) {
+    let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
+    let safe = lwm
+        .min(ctx.status.hwm().snapshot())
+        .min(shard.applied_through());
+    let start = Instant::now();
+    let dropped = shard.gc(safe);
+    tracing::debug!(
+        "shard {}: memory GC at {safe} dropped {dropped} index versions in {:?}",
+        ctx.id,
+        start.elapsed()
+    );
 }
 
 fn io_main(

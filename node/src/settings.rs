@@ -35,6 +35,9 @@ pub struct Settings {
     pub persist_interval_ms: u64,
     /// A query's lease: a client that neither renews nor ends its query within it loses it.
     pub query_lease_ms: u64,
+    /// How often each shard runs memory GC: folds deletes at or below `min(LWM, HWM - 1)` into
+    /// base bitmaps and drops index versions no query can see.
+    pub gc_interval_ms: u64,
 }
 
 impl Default for Settings {
@@ -52,6 +55,7 @@ impl Default for Settings {
             shard_queue_batches: 64,
             persist_interval_ms: 100,
             query_lease_ms: 30_000,
+            gc_interval_ms: 60_000,
         }
     }
 }
@@ -125,6 +129,7 @@ impl Settings {
             ("shard_queue_batches", self.shard_queue_batches as u64),
             ("persist_interval_ms", self.persist_interval_ms),
             ("query_lease_ms", self.query_lease_ms),
+            ("gc_interval_ms", self.gc_interval_ms),
         ];
         for (name, v) in positive {
             if v == 0 {

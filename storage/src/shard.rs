@@ -653,6 +653,11 @@ impl Shard {
         }))
     }
 
+    /// Index versions of `table` (live, older and tombstones) not yet purged.
+    pub fn index_versions(&self, table: TableId) -> Result<usize> {
+        Ok(self.table(table)?.index.versions())
+    }
+
     /// Live keys of `table` in the newest state.
     pub fn live_keys(&self, table: TableId) -> Result<usize> {
         Ok(self

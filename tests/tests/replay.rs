@@ -175,6 +175,7 @@ fn settings(shards: u16) -> Settings {
         row_group_rows: 128,
         file_rows: 256,
         flush_interval_ms: 5,
+        gc_interval_ms: 3,
         ..Settings::default()
     }
 }
@@ -203,9 +204,11 @@ fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> Sink
 /// The visible rows of every table at the node's snapshot, as model rows.
 fn visible(node: &Node) -> Vec<BTreeMap<Row, Row>> {
     let h = node.handle();
-    let snapshot = h.status().hwm().snapshot();
+    // A query holds LWM at its snapshot, so memory GC (running every few milliseconds here)
+    // cannot fold the bitmaps it reads.
+    let (query, snapshot) = h.begin_query().unwrap();
     let tables = tables();
-    (0..2u32)
+    let out = (0..2u32)
         .map(|t| {
             let schema = h.catalog().get(t).unwrap();
             let mut types: Vec<ColumnType> = schema.columns().iter().map(|c| c.ty).collect();
@@ -230,7 +233,9 @@ fn visible(node: &Node) -> Vec<BTreeMap<Row, Row>> {
             }
             rows
         })
-        .collect()
+        .collect();
+    h.end_query(query);
+    out
 }
 
 #[test]
