@@ -58,14 +58,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .collect()
         })
         .collect();
-    let start = Instant::now();
     let mut ts = Timestamp::GENESIS;
-    for ops in &txns {
-        ts = ts.next()?;
-        shard.apply(ts, ops)?;
-    }
-    drop(txns);
-    let secs = start.elapsed().as_secs_f64();
+    let secs = replay(&mut shard, &mut ts, txns)?;
     println!(
         "replayed {} rows in {} transactions: {:.0} rows/s ({:.2} s)",
         rows.len(),
@@ -101,13 +95,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     });
     let txns: Vec<_> = updates.chain(deletes).collect();
     let changed: usize = txns.iter().map(|t| t.len()).sum();
-    let start = Instant::now();
-    for ops in &txns {
-        ts = ts.next()?;
-        shard.apply(ts, ops)?;
-    }
-    drop(txns);
-    let secs = start.elapsed().as_secs_f64();
+    let secs = replay(&mut shard, &mut ts, txns)?;
     println!(
         "updated and deleted {changed} rows: {:.0} rows/s",
         changed as f64 / secs
@@ -173,6 +161,20 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Applies each transaction at the next timestamp; the seconds it took.
+fn replay(
+    shard: &mut Shard,
+    ts: &mut Timestamp,
+    txns: Vec<Vec<TableOp<Vec<Value>>>>,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    for ops in &txns {
+        *ts = ts.next()?;
+        shard.apply(*ts, ops)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 fn print_memory(shard: &Shard) {
