@@ -116,6 +116,9 @@ enum IoRequest {
 const IO_QUEUE: usize = 1024;
 /// Messages that may wait for the coordinator.
 const COORD_QUEUE: usize = 1024;
+/// io_uring buffer memory each executor registers (locked memory). Small, so a node runs under
+/// a non-root user's default 8 MiB memlock limit; raise it when shards do DMA file I/O.
+const EXECUTOR_IO_MEMORY: usize = 512 << 10;
 
 /// Memory of one shard, by structure, as of its last tick.
 #[derive(Default)]
@@ -288,6 +291,7 @@ impl Node {
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
+                    .io_memory(EXECUTOR_IO_MEMORY)
                     .spawn(move || {
                         coordinator_main(state, state_file, coord_rx, tx, status, persist, lease)
                     })
@@ -315,6 +319,7 @@ impl Node {
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cores))
                     .name(&format!("retina-shard-{id}"))
+                    .io_memory(EXECUTOR_IO_MEMORY)
                     .spawn(move || shard_main(ctx, config, first_file_seq, rx))
                     .map_err(spawn_err(format!("shard {id}")))?,
             );
