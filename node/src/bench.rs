@@ -99,6 +99,7 @@ fn replay(
                 on_error: OnError::Stop,
                 dead_letter: data.join("dead.jsonl"),
                 max_group_txns: settings.max_group_txns,
+                group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
             };
             let start = Instant::now();
             let report = run_sink(node.handle(), &options, &AtomicBool::new(false));

@@ -76,6 +76,8 @@ impl Default for Persisted {
 
 pub struct CoordinatorState {
     runs: u64,
+    /// The first timestamp this run hands out.
+    first_ts: u64,
     next_ts: u64,
     reserved_through: u64,
     applied: Vec<Timestamp>,
@@ -90,6 +92,7 @@ impl CoordinatorState {
         let resumed = persisted.hwm.snapshot();
         CoordinatorState {
             runs: persisted.runs,
+            first_ts: persisted.reserved_through + 1,
             next_ts: persisted.reserved_through + 1,
             reserved_through: persisted.reserved_through,
             applied: vec![resumed; shards.into()],
@@ -111,6 +114,11 @@ impl CoordinatorState {
                 .unwrap_or(self.hwm.snapshot())
                 .min(self.hwm.snapshot()),
         )
+    }
+
+    /// Transactions of this run below HWM: each got one timestamp, handed out consecutively.
+    pub fn applied_this_run(&self) -> u64 {
+        self.hwm.get().get().saturating_sub(self.first_ts)
     }
 
     /// The highest timestamp handed out so far.

@@ -118,6 +118,12 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
         load(&s.txns_submitted),
     );
     metric(
+        "retina_transactions_applied_total",
+        "counter",
+        "Source transactions visible (below HWM) since the node started.",
+        load(&s.txns_applied),
+    );
+    metric(
         "retina_rows_applied_total",
         "counter",
         "Row operations the shards applied.",

@@ -135,6 +135,8 @@ pub struct NodeStatus {
     pub lwm: AtomicU64,
     /// Source transactions handed to the shards.
     pub txns_submitted: AtomicU64,
+    /// Source transactions visible (below HWM) since this node started.
+    pub txns_applied: AtomicU64,
     /// Row operations the shards applied (an update counts once).
     pub rows_applied: AtomicU64,
     pub duplicates_skipped: AtomicU64,
@@ -601,6 +603,9 @@ async fn coordinator_main(
             CoordMsg::Applied { shard, ts } => match state.applied(shard, ts) {
                 Ok(Some(hwm)) => {
                     status.hwm.store(hwm.get().get(), Ordering::Release);
+                    status
+                        .txns_applied
+                        .store(state.applied_this_run(), Ordering::Relaxed);
                     status.lwm.store(state.lwm().get().get(), Ordering::Release);
                     dirty = true;
                 }

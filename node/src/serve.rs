@@ -62,6 +62,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading the schema {}", args.schema.display()))?;
     let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
     let max_group_txns = settings.max_group_txns;
+    let group_commit_interval = Duration::from_millis(settings.group_commit_interval_ms);
     let shards = settings.shard_count();
     let node = Node::start(NodeOptions {
         data_dir: args.data_dir.clone(),
@@ -104,6 +105,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .dead_letter
             .unwrap_or_else(|| args.data_dir.join("dead-letter.jsonl")),
         max_group_txns,
+        group_commit_interval,
     };
     let sink = {
         let handle = handle.clone();

@@ -29,6 +29,9 @@ pub struct Settings {
     /// Largest group of source transactions that share one timestamp allocation and one
     /// batch per shard (group begin); a group closes early when the source has nothing more.
     pub max_group_txns: usize,
+    /// Group commit: a group also closes once it has been open this long, so a source that
+    /// never pauses still makes its transactions visible at this pace.
+    pub group_commit_interval_ms: u64,
     /// Batches that may wait in each shard's queue before the sink blocks (backpressure).
     pub shard_queue_batches: usize,
     /// How often the coordinator persists HWM.
@@ -52,6 +55,7 @@ impl Default for Settings {
             zstd_level: s.zstd_level,
             flush_interval_ms: 200,
             max_group_txns: 1024,
+            group_commit_interval_ms: 2,
             shard_queue_batches: 64,
             persist_interval_ms: 100,
             query_lease_ms: 30_000,
@@ -126,6 +130,7 @@ impl Settings {
         let positive = [
             ("flush_interval_ms", self.flush_interval_ms),
             ("max_group_txns", self.max_group_txns as u64),
+            ("group_commit_interval_ms", self.group_commit_interval_ms),
             ("shard_queue_batches", self.shard_queue_batches as u64),
             ("persist_interval_ms", self.persist_interval_ms),
             ("query_lease_ms", self.query_lease_ms),

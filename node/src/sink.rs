@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use retina_storage::{RowOp, TableOp, Value};
 
@@ -54,6 +54,8 @@ pub struct SinkOptions {
     pub on_error: OnError,
     pub dead_letter: PathBuf,
     pub max_group_txns: usize,
+    /// A group closes once open this long.
+    pub group_commit_interval: Duration,
 }
 
 /// How a sink run ended.
@@ -98,6 +100,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         name,
         assembler: TxnAssembler::new(options.mode),
         group: Vec::new(),
+        group_opened: Instant::now(),
         sources: Vec::new(),
         raw: Vec::new(),
         skipping: None,
@@ -109,7 +112,9 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         // Close the group when the source has nothing more buffered: a transaction never
         // waits for the next read to become visible.
         if !sink.group.is_empty()
-            && (sink.group.len() >= options.max_group_txns || reader.buffer().is_empty())
+            && (sink.group.len() >= options.max_group_txns
+                || reader.buffer().is_empty()
+                || sink.group_opened.elapsed() >= options.group_commit_interval)
             && !sink.submit()
         {
             break;
@@ -155,6 +160,8 @@ struct Sink<'a> {
     name: Arc<str>,
     assembler: TxnAssembler,
     group: Vec<Ops>,
+    /// When the first transaction of the group arrived.
+    group_opened: Instant,
     /// Where each transaction of the group came from, for errors.
     sources: Vec<String>,
     /// The raw lines of the open transaction, for the dead-letter file.
@@ -207,6 +214,9 @@ impl Sink<'_> {
                 // Marked now, not when the group is sent: a repeat of a transaction still in the
                 // group is a duplicate too.
                 self.assembler.mark_applied(&txn.id, &txn.end);
+                if self.group.is_empty() {
+                    self.group_opened = Instant::now();
+                }
                 self.group.push(ops);
                 self.sources
                     .push(format!("{} (transaction {})", txn.begin, txn.id));

@@ -63,6 +63,10 @@ fn wait_done(child: &mut Child, port: u16, hwm: f64) {
         {
             assert_eq!(metric(&m, "retina_replay_stopped"), Some(0.0));
             assert_eq!(metric(&m, "retina_rows_applied_total"), Some(hwm - 2.0));
+            assert_eq!(
+                metric(&m, "retina_transactions_applied_total"),
+                Some(hwm - 2.0)
+            );
             return;
         }
         assert!(

@@ -197,6 +197,7 @@ fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> Sink
         on_error,
         dead_letter: dead_letter.to_path_buf(),
         max_group_txns: 16,
+        group_commit_interval: Duration::from_millis(2),
     };
     run_sink(node.handle(), &options, &AtomicBool::new(false))
 }
