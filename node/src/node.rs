@@ -208,6 +208,9 @@ pub enum NodeError {
 /// A cheap handle to a running node: submit transactions, read tables, watch status.
 #[derive(Clone)]
 pub struct NodeHandle {
+    /// Held from timestamp allocation to the last send of a group: groups reach every shard
+    /// in timestamp order even when several threads submit.
+    submit_order: Arc<Mutex<()>>,
     shards: Vec<flume::Sender<ShardMsg>>,
     coord: flume::Sender<CoordMsg>,
     catalog: Arc<Catalog>,
@@ -316,6 +319,7 @@ impl Node {
                 own: tx,
                 flush_interval: Duration::from_millis(settings.flush_interval_ms),
                 gc_interval: Duration::from_millis(settings.gc_interval_ms),
+                resume: persisted.hwm.snapshot(),
             };
             let config = settings.storage();
             executors.push(
@@ -329,6 +333,7 @@ impl Node {
 
         Ok(Node {
             handle: NodeHandle {
+                submit_order: Arc::new(Mutex::new(())),
                 shards: shard_txs,
                 coord: coord_tx,
                 catalog: options.catalog,
@@ -387,6 +392,7 @@ impl NodeHandle {
         txns: &[Vec<TableOp<R>>],
         sources: &[String],
     ) -> Result<RangeInclusive<u64>, NodeError> {
+        let _order = self.submit_order.lock().expect("submit lock");
         let range = self.allocate(txns.len() as u64)?;
         let batches = self.encode_group(txns, range.clone(), sources);
         self.send_encoded(batches)?;
@@ -528,6 +534,15 @@ impl NodeHandle {
             .catalog
             .get(table)
             .ok_or(retina_storage::StorageError::UnknownTable(table))?;
+        // Only what is below HWM is committed on every shard.
+        let hwm = self.status.hwm();
+        if ts >= hwm.get() {
+            return Err(retina_storage::StorageError::SnapshotInFuture {
+                requested: ts,
+                applied_through: hwm.snapshot(),
+            }
+            .into());
+        }
         let mut projection: Vec<usize> = (0..schema.columns().len()).collect();
         projection.push(schema.create_ts_index());
         let mut out = Vec::new();
@@ -665,6 +680,8 @@ struct ShardContext {
     own: flume::Sender<ShardMsg>,
     flush_interval: Duration,
     gc_interval: Duration,
+    /// What the node had made visible before this run: an empty shard starts there.
+    resume: Timestamp,
 }
 
 async fn shard_main(
@@ -683,6 +700,9 @@ async fn shard_main(
     for t in ctx.catalog.tables() {
         shard.add_table(t.clone());
     }
+    shard
+        .advance(ctx.resume)
+        .expect("a new shard starts at genesis");
     // Timers never act: they send a tick into the actor.
     let ticks: [(Duration, fn() -> ShardMsg); 2] = [
         (ctx.flush_interval, || ShardMsg::Tick),
@@ -793,7 +813,7 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
             Ok(stats) => {
                 ctx.status
                     .rows_applied
-                    .fetch_add(stats.inserted.max(stats.deleted), Ordering::Relaxed);
+                    .fetch_add(stats.ops, Ordering::Relaxed);
             }
             Err(e) => {
                 let error = match txn.source.as_str() {

@@ -107,10 +107,13 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         report: SinkReport::default(),
     };
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, input);
-    let mut line = String::new();
+    // Bytes, not a String: a writer may flush in the middle of a UTF-8 character, and only a
+    // whole line is decoded.
+    let mut line: Vec<u8> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        // Close the group when the source has nothing more buffered: a transaction never
-        // waits for the next read to become visible.
+        // Close the group when the source has nothing more buffered (a transaction never waits
+        // for the next read to become visible), when it is full, or when it has been open for
+        // the group-commit interval.
         if !sink.group.is_empty()
             && (sink.group.len() >= options.max_group_txns
                 || reader.buffer().is_empty()
@@ -119,14 +122,14 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         {
             break;
         }
-        let n = match reader.read_line(&mut line) {
+        let n = match reader.read_until(b'\n', &mut line) {
             Ok(n) => n,
             Err(e) => {
                 sink.fail(format!("{}: reading the source: {e}", sink.name));
                 break;
             }
         };
-        if n == 0 || !line.ends_with('\n') {
+        if n == 0 || line.last() != Some(&b'\n') {
             // The end, or a line still being written: keep what was read and look again.
             if !sink.group.is_empty() && !sink.submit() {
                 break;
@@ -140,14 +143,33 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             }
         }
         sink.report.lines += 1;
-        let ok = sink.on_line(line.trim_end_matches(['\n', '\r']));
+        let ok = match std::str::from_utf8(&line) {
+            Ok(text) => sink.on_line(text.trim_end_matches(['\n', '\r'])),
+            Err(e) => {
+                let pos = SourcePosition::new(sink.name.clone(), sink.report.lines);
+                let lossy = String::from_utf8_lossy(&line).trim_end().to_owned();
+                let open = sink.assembler.open_transaction().map(str::to_owned);
+                let error = DebeziumError::Malformed {
+                    pos,
+                    reason: format!("not UTF-8: {e}"),
+                };
+                sink.on_error(error, open, &lossy)
+            }
+        };
         line.clear();
         if !ok {
             break;
         }
     }
-    if sink.report.stopped_by.is_none() && !sink.group.is_empty() {
-        sink.submit();
+    if sink.report.stopped_by.is_none() {
+        // A bad transaction whose END never came still goes to the dead-letter file.
+        if let Some((_, mut record)) = sink.skipping.take() {
+            record.reason += "; the source ended before its END";
+            sink.dead_letter(record);
+        }
+        if !sink.group.is_empty() {
+            sink.submit();
+        }
     }
     sink.report.duplicates_skipped = sink.assembler.duplicates_skipped();
     node.status().source_done.store(true, Ordering::Release);
@@ -183,12 +205,27 @@ impl Sink<'_> {
     fn on_line(&mut self, line: &str) -> bool {
         let pos = SourcePosition::new(self.name.clone(), self.report.lines);
         if let Some((id, record)) = &mut self.skipping {
-            record.lines.push(line.to_owned());
-            if is_end_of(line, id) {
-                let (_, record) = self.skipping.take().expect("matched above");
-                return self.dead_letter(record);
+            match marker(line) {
+                // Its END: the whole bad transaction goes to the dead-letter file.
+                Some(("END", end)) if end == *id => {
+                    record.lines.push(line.to_owned());
+                    let (_, record) = self.skipping.take().expect("matched above");
+                    return self.dead_letter(record);
+                }
+                // Another transaction begins: the bad one never ended; this line is read as
+                // usual.
+                Some(("BEGIN", _)) => {
+                    let (_, mut record) = self.skipping.take().expect("matched above");
+                    record.reason += "; its END never came";
+                    if !self.dead_letter(record) {
+                        return false;
+                    }
+                }
+                _ => {
+                    record.lines.push(line.to_owned());
+                    return true;
+                }
             }
-            return true;
         }
         let open = self.assembler.open_transaction().map(str::to_owned);
         let catalog = self.node.catalog().clone();
@@ -255,22 +292,36 @@ impl Sink<'_> {
             ));
             return false;
         }
-        let mut lines = std::mem::take(&mut self.raw);
-        lines.push(line.to_owned());
-        let record = DeadLetter {
+        let record = |transaction: Option<String>, lines: Vec<String>| DeadLetter {
             position: e.position().to_string(),
-            transaction: id,
+            transaction,
             reason: e.to_string(),
             lines,
         };
-        self.assembler.reset();
-        // A transaction still open at the error: drop the rest of it, up to its END.
-        match open {
-            Some(open_id) if !is_end_of(line, &open_id) => {
-                self.skipping = Some((open_id, record));
+        // What to do depends on where the error left the assembler.
+        let now_open = self.assembler.open_transaction().map(str::to_owned);
+        match (open, now_open) {
+            // The bad transaction is still open (a change line failed): drop the rest of it, up
+            // to its END.
+            (Some(before), Some(after)) if before == after => {
+                let mut lines = std::mem::take(&mut self.raw);
+                lines.push(line.to_owned());
+                self.assembler.reset();
+                self.skipping = Some((before.clone(), record(Some(before), lines)));
                 true
             }
-            _ => self.dead_letter(record),
+            // The assembler dropped the bad transaction and opened the next one (a BEGIN
+            // while the bad one was open): this line starts the new one.
+            (dropped, Some(_)) => {
+                let lines = std::mem::replace(&mut self.raw, vec![line.to_owned()]);
+                self.dead_letter(record(dropped.or(id), lines))
+            }
+            // Nothing is open any more (a bad END, or a bad line between transactions).
+            (_, None) => {
+                let mut lines = std::mem::take(&mut self.raw);
+                lines.push(line.to_owned());
+                self.dead_letter(record(id, lines))
+            }
         }
     }
 
@@ -308,8 +359,12 @@ impl Sink<'_> {
         }
     }
 
-    /// Hands the group to the node; false if the node has stopped.
+    /// Hands the group to the node; false if the node has stopped, or a shard stopped replay.
     fn submit(&mut self) -> bool {
+        if let Some(e) = self.node.status().error() {
+            self.report.stopped_by = Some(e);
+            return false;
+        }
         match self.node.submit(&self.group, &self.sources) {
             Ok(range) => {
                 self.report.last_ts = Some(*range.end());
@@ -335,18 +390,21 @@ impl Sink<'_> {
     }
 }
 
-/// Whether `line` is the END marker of transaction `id` (bare or in an envelope).
-fn is_end_of(line: &str, id: &str) -> bool {
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-        return false;
-    };
+/// The transaction marker `line` is, if any: `("BEGIN" | "END", id)`, bare or in an envelope.
+fn marker(line: &str) -> Option<(&'static str, String)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
     let v = v.get("payload").filter(|p| p.is_object()).unwrap_or(&v);
-    let id_matches = match v.get("id") {
-        Some(serde_json::Value::String(s)) => s == id,
-        Some(serde_json::Value::Number(n)) => n.to_string() == id,
-        _ => false,
+    let status = match v.get("status")?.as_str()? {
+        "BEGIN" => "BEGIN",
+        "END" => "END",
+        _ => return None,
     };
-    v.get("status").and_then(|s| s.as_str()) == Some("END") && id_matches
+    let id = match v.get("id")? {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return None,
+    };
+    Some((status, id))
 }
 
 #[cfg(test)]
@@ -365,17 +423,21 @@ mod tests {
     }
 
     #[test]
-    fn end_markers_are_recognised() {
-        assert!(is_end_of(
-            r#"{"status":"END","id":"7","event_count":1}"#,
-            "7"
-        ));
-        assert!(is_end_of(
-            r#"{"schema":{},"payload":{"status":"END","id":7}}"#,
-            "7"
-        ));
-        assert!(!is_end_of(r#"{"status":"BEGIN","id":"7"}"#, "7"));
-        assert!(!is_end_of(r#"{"status":"END","id":"8"}"#, "7"));
-        assert!(!is_end_of("not json", "7"));
+    fn markers_are_recognised() {
+        let end = |id: &str| Some(("END", id.to_owned()));
+        assert_eq!(
+            marker(r#"{"status":"END","id":"7","event_count":1}"#),
+            end("7")
+        );
+        assert_eq!(
+            marker(r#"{"schema":{},"payload":{"status":"END","id":7}}"#),
+            end("7")
+        );
+        assert_eq!(
+            marker(r#"{"status":"BEGIN","id":"7"}"#),
+            Some(("BEGIN", "7".into()))
+        );
+        assert_eq!(marker(r#"{"op":"c"}"#), None);
+        assert_eq!(marker("not json"), None);
     }
 }

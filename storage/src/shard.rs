@@ -65,6 +65,8 @@ impl<R: RowRef> TableOpRef for TableOp<R> {
 /// What one applied transaction did.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApplyStats {
+    /// Row operations applied (an update counts once).
+    pub ops: u64,
     pub inserted: u64,
     pub deleted: u64,
 }
@@ -293,6 +295,7 @@ impl Shard {
         }
         let mut stats = ApplyStats::default();
         let mut keys = plan.keys.iter().map(|r| &plan.arena[r.clone()]);
+        stats.ops = ops.len() as u64;
         for op in ops {
             let t = op.table() as usize;
             match op.op() {

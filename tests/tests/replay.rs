@@ -440,3 +440,93 @@ fn skip_sends_the_whole_bad_transaction_to_the_dead_letter_file() {
     );
     node.shutdown();
 }
+
+#[test]
+fn skip_survives_a_transaction_whose_end_never_comes() {
+    let t2 = txn_lines("t2", &[Change::Insert(0, account(2, 200))]);
+    let mut lines = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    // t2 loses its END; t3 begins while it is open.
+    lines.extend(t2[..2].iter().cloned());
+    lines.extend(txn_lines("t3", &[Change::Insert(0, account(3, 300))]));
+    // t5 breaks mid-way and never ends either; the source ends after it.
+    let t5 = txn_lines("t5", &[Change::Insert(0, account(5, 500))]);
+    lines.extend(txn_lines("t4", &[Change::Insert(0, account(4, 400))]));
+    lines.push(t5[0].clone());
+    lines.push("{broken".into());
+    let (dir, node, report) = replay_lines(&lines, OnError::Skip);
+    assert_eq!(report.stopped_by, None);
+    assert_eq!(report.dead_lettered, 2, "{report:?}");
+    let rows = visible(&node);
+    let ids: Vec<&Row> = rows[0].keys().collect();
+    assert_eq!(ids, vec![&vec![V::I(1)], &vec![V::I(3)], &vec![V::I(4)]]);
+    let dead: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("dead.json"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead[0]["transaction"], "t2");
+    assert_eq!(
+        dead[0]["lines"].as_array().unwrap().len(),
+        2,
+        "t2's BEGIN and event"
+    );
+    assert_eq!(dead[1]["transaction"], "t5");
+    assert!(
+        dead[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("ended before its END"),
+        "{}",
+        dead[1]
+    );
+    node.shutdown();
+}
+
+#[test]
+fn follow_mode_waits_for_a_character_split_across_writes() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.json");
+    let mut owner = account(1, 100);
+    owner[1] = V::S("Zoë".into());
+    let text = txn_lines("t1", &[Change::Insert(0, owner)]).join("\n") + "\n";
+    let cut = text.find('ë').unwrap() + 1;
+    let mut f = File::create(&path).unwrap();
+    f.write_all(&text.as_bytes()[..cut]).unwrap();
+    f.flush().unwrap();
+    let node = start(&dir.path().join("data"), 2);
+    let stop = Arc::new(AtomicBool::new(false));
+    let options = SinkOptions {
+        source: SourceSpec::File(path.clone()),
+        follow: true,
+        mode: TxnMode::Metadata,
+        on_error: OnError::Stop,
+        dead_letter: dir.path().join("dead.json"),
+        max_group_txns: 16,
+        group_commit_interval: Duration::from_millis(2),
+    };
+    let (h, s) = (node.handle().clone(), stop.clone());
+    let sink = std::thread::spawn(move || run_sink(&h, &options, &s));
+    std::thread::sleep(Duration::from_millis(100));
+    f.write_all(&text.as_bytes()[cut..]).unwrap();
+    f.flush().unwrap();
+    let start = std::time::Instant::now();
+    while node
+        .handle()
+        .status()
+        .txns_submitted
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 1
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            node.handle().status().error()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let report = sink.join().unwrap();
+    assert_eq!((report.stopped_by, report.transactions), (None, 1));
+    node.shutdown();
+}
