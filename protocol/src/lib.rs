@@ -1,6 +1,15 @@
-//! Retina's wire contract. `ops`: batches of row operations, rkyv-archived so that a shard reads
-//! them in place. The Cap'n Proto schema for query engines arrives with the query path.
+//! Retina's wire contract.
+//! - `ops`: batches of row operations, rkyv-archived so that a shard reads them in place.
+//! - `retina_capnp` (generated from `schema/retina.capnp`, committed) and `query`: the Cap'n
+//!   Proto contract for query engines, and conversions to the storage engine's types.
 
 pub mod ops;
+pub mod query;
+
+#[allow(clippy::all, clippy::pedantic, unused_qualifications, missing_docs)]
+#[rustfmt::skip]
+pub mod retina_capnp {
+    include!("generated/retina_capnp.rs");
+}
 
 pub use ops::{OpBatch, ProtocolError, WireOp, WireRow, WireTableOp, WireTxn, WireValue};

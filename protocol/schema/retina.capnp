@@ -1,0 +1,187 @@
+@0xe7c06e87db260674;
+
+# Retina's query contract: how a query engine reads fresh, transactionally consistent tables.
+#
+# A client bootstraps on the coordinator's address, begins a query (a snapshot and a lease),
+# asks for a table's scan plan at that snapshot, reads the plan's Parquet files from the object
+# store itself, asks each owner shard's scan service for the visibility bitmaps of the row
+# groups it reads and for the shard's write buffer, applies VFoR (skip row groups whose
+# minCreateTs > snapshot, keep rows with _create_ts <= snapshot where maxCreateTs > snapshot,
+# drop rows whose bitmap bit is set), and ends the query. A query that is neither renewed nor
+# ended within its lease is ended for it.
+#
+# Conventions: timestamps are UInt64 (never 0); a bitmap is little-endian UInt64 words, bit i
+# of the words = row offset+i, 1 = deleted at the snapshot; Arrow data is an Arrow IPC stream
+# of the table's stored schema (its columns, then `_create_ts` as Int64). Every call that can
+# fail returns a result union with a typed Error, never a bare string.
+
+struct Error {
+  union {
+    unknownTable @0 :Text;
+    snapshotTooOld :group {
+      # Visibility was folded past the snapshot: begin a new query.
+      requested @1 :UInt64;
+      oldest @2 :UInt64;
+    }
+    snapshotInFuture :group {
+      requested @3 :UInt64;
+      appliedThrough @4 :UInt64;
+    }
+    leaseExpired @5 :UInt64;      # the query id; begin a new query
+    unknownFile @6 :UInt64;       # the file id; the file was rewritten: ask for a new plan
+    unauthorized @7 :Void;        # a missing or wrong auth token
+    wrongService @8 :Text;        # e.g. a scan service asked on the coordinator's port
+    internal @9 :Text;            # a bug or an I/O failure on the node; the text says which
+  }
+}
+
+enum ColumnType {
+  boolean @0;
+  int32 @1;
+  int64 @2;
+  float32 @3;
+  float64 @4;
+  decimal @5;     # Decimal128 with precision and scale
+  utf8 @6;
+  date @7;        # days since 1970-01-01
+  timestamp @8;   # microseconds since 1970-01-01T00:00:00Z
+}
+
+struct Column {
+  name @0 :Text;
+  type @1 :ColumnType;
+  precision @2 :UInt8;   # decimal only
+  scale @3 :Int8;        # decimal only
+  nullable @4 :Bool;
+}
+
+struct Table {
+  id @0 :UInt32;
+  name @1 :Text;
+  columns @2 :List(Column);
+  primaryKey @3 :List(UInt16);   # column positions
+}
+
+struct Query {
+  id @0 :UInt64;
+  snapshot @1 :UInt64;   # HWM - 1 when the query began
+  leaseMs @2 :UInt64;    # renew before this many milliseconds pass
+}
+
+struct RowGroup {
+  offset @0 :UInt64;     # of its first row in the file
+  rows @1 :UInt64;
+  minCreateTs @2 :UInt64;
+  maxCreateTs @3 :UInt64;
+}
+
+struct Endpoint {
+  shard @0 :UInt16;
+  address @1 :Text;      # host:port of the shard's scan service
+}
+
+struct FileEntry {
+  fileId @0 :UInt64;
+  path @1 :Text;         # in the object store
+  owner @2 :Endpoint;    # the shard that answers bitmaps for it
+  rowGroups @3 :List(RowGroup);
+}
+
+struct ScanPlan {
+  table @0 :Table;
+  snapshot @1 :UInt64;
+  files @2 :List(FileEntry);   # regular Parquet files
+  buffers @3 :List(Endpoint);  # shards whose write buffers hold rows of the table
+}
+
+struct Bitmap {
+  rowGroup @0 :UInt32;
+  rows @1 :UInt64;
+  deleted @2 :Data;
+}
+
+# A piece of a shard's write buffer (or a file the shard combined after the plan was made).
+struct BufferPart {
+  fileId @0 :UInt64;
+  offset @1 :UInt64;     # of the part's first row in its file
+  rows @2 :UInt64;
+  deleted @3 :Data;      # bitmap of the part's rows at the snapshot
+  union {
+    memory @4 :Data;     # Arrow IPC stream: the rows, with _create_ts
+    path @5 :Text;       # a Parquet object to read (a flushed block or a newly combined file)
+  }
+}
+
+struct QueryResult {
+  union {
+    ok @0 :Query;
+    error @1 :Error;
+  }
+}
+
+struct Done {
+  union {
+    ok @0 :Void;
+    error @1 :Error;
+  }
+}
+
+struct ScanPlanResult {
+  union {
+    ok @0 :ScanPlan;
+    error @1 :Error;
+  }
+}
+
+struct BitmapsResult {
+  union {
+    ok @0 :List(Bitmap);
+    error @1 :Error;
+  }
+}
+
+struct BufferResult {
+  union {
+    ok @0 :List(BufferPart);
+    error @1 :Error;
+  }
+}
+
+struct CoordinatorResult {
+  union {
+    ok @0 :Coordinator;
+    error @1 :Error;
+  }
+}
+
+struct ScanServiceResult {
+  union {
+    ok @0 :ScanService;
+    error @1 :Error;
+  }
+}
+
+# What every Retina port serves first. The auth token is checked here; a node that listens
+# only on loopback accepts an empty token.
+interface Bootstrap {
+  coordinator @0 (authToken :Text) -> (result :CoordinatorResult);
+  scanService @1 (authToken :Text) -> (result :ScanServiceResult);
+}
+
+interface Coordinator {
+  beginQuery @0 () -> (result :QueryResult);
+  endQuery @1 (queryId :UInt64) -> (result :Done);
+  renewLease @2 (queryId :UInt64) -> (result :QueryResult);
+  listTables @3 () -> (tables :List(Table));
+  scanPlan @4 (queryId :UInt64, table :Text) -> (result :ScanPlanResult);
+}
+
+# One per shard, beside it on its core.
+interface ScanService {
+  # Bitmaps of a regular file's row groups at a snapshot.
+  bitmaps @0 (fileId :UInt64, snapshot :UInt64, rowGroups :List(UInt32)) -> (result :BitmapsResult);
+  # The shard's write buffer of a table at a snapshot. `knownFiles` are the regular files the
+  # plan listed; a file this shard combined after the plan was made is returned as a part by
+  # path, so that no row is missed or read twice.
+  writeBuffer @1 (table :UInt32, snapshot :UInt64, knownFiles :List(UInt64)) -> (result :BufferResult);
+}
