@@ -891,8 +891,11 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
     }
     let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
     let paths = shard.take_deletable(lwm);
-    if !paths.is_empty() {
-        let _ = ctx.io.try_send(IoRequest::Delete { paths });
+    if !paths.is_empty()
+        && let Err(flume::TrySendError::Full(IoRequest::Delete { paths })) =
+            ctx.io.try_send(IoRequest::Delete { paths })
+    {
+        shard.defer_deletes(paths);
     }
     let m = shard.memory();
     let mem = &ctx.status.shard_memory[usize::from(ctx.id)];

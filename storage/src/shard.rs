@@ -584,6 +584,17 @@ impl Shard {
         out
     }
 
+    /// Objects from [`Self::take_deletable`] that could not be deleted now: offered again next
+    /// time (they are already unreadable to every query).
+    pub fn defer_deletes(&mut self, paths: Vec<Path>) {
+        if let Some(t) = self.tables.first_mut() {
+            t.retired.push(Retired {
+                replaced_at: Timestamp::GENESIS,
+                paths,
+            });
+        }
+    }
+
     /// Flushes every immutable block and combines every full virtual file, inline. The node
     /// runs the same steps on its I/O thread; tests, tools and the demo use this.
     pub async fn flush_and_combine(&mut self, store: &dyn ObjectStore) -> Result<()> {

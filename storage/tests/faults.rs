@@ -109,4 +109,18 @@ fn failed_flushes_and_combinations_are_retried_without_loss() {
         })
         .count();
     assert_eq!(combined, 2, "two full files were combined");
+
+    // The combined files' blocks retire; they go once LWM passes, and a delete that could not
+    // be sent is offered again.
+    assert!(
+        shard.take_deletable(Timestamp::new(2).unwrap()).is_empty(),
+        "a query may still read them"
+    );
+    let retired = shard.take_deletable(Timestamp::new(ts + 1).unwrap());
+    assert_eq!(retired.len(), 8, "4 blocks of 64 rows per file");
+    shard.defer_deletes(retired.clone());
+    assert_eq!(
+        shard.take_deletable(Timestamp::new(ts + 1).unwrap()),
+        retired
+    );
 }
