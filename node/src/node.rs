@@ -487,10 +487,12 @@ impl NodeHandle {
     pub fn send_encoded(&self, batches: Vec<AlignedVec>) -> Result<(), NodeError> {
         assert_eq!(batches.len(), self.shards.len(), "a batch per shard");
         for (s, bytes) in batches.into_iter().enumerate() {
+            // Counted before the send, so the shard's decrement never comes first.
             self.status.backlog_batches.fetch_add(1, Ordering::Relaxed);
-            self.shards[s]
-                .send(ShardMsg::Apply(bytes))
-                .map_err(|_| NodeError::Stopped)?;
+            if self.shards[s].send(ShardMsg::Apply(bytes)).is_err() {
+                self.status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
+                return Err(NodeError::Stopped);
+            }
         }
         Ok(())
     }
