@@ -87,6 +87,11 @@ pub enum CoordMsg {
     },
     /// From a reader: the query ended.
     EndQuery { id: QueryId },
+    /// From a reader: extend the query's lease; the reply says whether it was still running.
+    RenewQuery {
+        id: QueryId,
+        reply: flume::Sender<bool>,
+    },
     /// From the coordinator's timer: expire leases, persist HWM.
     Tick,
     /// From the node: persist and stop.
@@ -521,6 +526,15 @@ impl NodeHandle {
         rx.recv().map_err(|_| NodeError::Stopped)
     }
 
+    /// Extends a running query's lease; false if the query had ended or its lease ran out.
+    pub fn renew_query(&self, id: QueryId) -> Result<bool, NodeError> {
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::RenewQuery { id, reply: tx })
+            .map_err(|_| NodeError::Stopped)?;
+        rx.recv().map_err(|_| NodeError::Stopped)
+    }
+
     pub fn end_query(&self, id: QueryId) {
         let _ = self.coord.send(CoordMsg::EndQuery { id });
     }
@@ -640,6 +654,9 @@ async fn coordinator_main(
                     .store(state.running_queries() as u64, Ordering::Relaxed);
                 status.lwm.store(state.lwm().get().get(), Ordering::Release);
                 let _ = reply.send(q);
+            }
+            CoordMsg::RenewQuery { id, reply } => {
+                let _ = reply.send(state.renew_query(id, now_ms(), lease_ms));
             }
             CoordMsg::EndQuery { id } => {
                 state.end_query(id);

@@ -530,3 +530,60 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
     assert_eq!((report.stopped_by, report.transactions), (None, 1));
     node.shutdown();
 }
+
+#[test]
+fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
+        settings: Settings {
+            query_lease_ms: 300,
+            persist_interval_ms: 10,
+            ..settings(2)
+        },
+    })
+    .unwrap();
+    let h = node.handle();
+    let lwm = || h.status().lwm.load(std::sync::atomic::Ordering::Acquire);
+    let txn = |id: i64| {
+        vec![retina_storage::TableOp {
+            table: 0,
+            op: retina_storage::RowOp::Insert(vec![
+                Value::Int(id),
+                Value::Null,
+                Value::Decimal(1),
+                Value::Null,
+                Value::Null,
+            ]),
+        }]
+    };
+    let first = h.submit(&[txn(1)], &[]).unwrap();
+    assert!(h.wait_visible(*first.end(), Duration::from_secs(10)));
+    let (held, snapshot) = h.begin_query().unwrap();
+    let (short, _) = h.begin_query().unwrap();
+    let later = h.submit(&[txn(2), txn(3)], &[]).unwrap();
+    assert!(h.wait_visible(*later.end(), Duration::from_secs(10)));
+    assert_eq!(lwm(), snapshot.get(), "the oldest query holds LWM");
+    // One query keeps renewing; the other lets its lease run out.
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(h.renew_query(held).unwrap());
+    }
+    assert!(
+        !h.renew_query(short).unwrap(),
+        "an expired lease cannot be renewed"
+    );
+    assert_eq!(lwm(), snapshot.get(), "the renewed query still holds LWM");
+    h.end_query(held);
+    let start = std::time::Instant::now();
+    while lwm() != *later.end() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "LWM stayed at {}",
+            lwm()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    node.shutdown();
+}
