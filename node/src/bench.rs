@@ -91,6 +91,8 @@ fn replay(
                 data_dir: data.clone(),
                 catalog: catalog.clone(),
                 settings: settings.clone(),
+                listen: None,
+                auth_token: None,
             })?;
             let options = SinkOptions {
                 source: SourceSpec::File(json.clone()),
@@ -123,6 +125,8 @@ fn replay(
                 data_dir: data.clone(),
                 catalog: catalog.clone(),
                 settings: settings.clone(),
+                listen: None,
+                auth_token: None,
             })?;
             let h = node.handle();
             let mut groups = Vec::new();

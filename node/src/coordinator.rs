@@ -204,15 +204,11 @@ impl CoordinatorState {
         self.queries.remove(&id).is_some()
     }
 
-    /// Extends a running query's lease; false if it was unknown.
-    pub fn renew_query(&mut self, id: QueryId, now_ms: u64, lease_ms: u64) -> bool {
-        match self.queries.get_mut(&id) {
-            Some(q) => {
-                q.lease_until_ms = now_ms + lease_ms;
-                true
-            }
-            None => false,
-        }
+    /// Extends a running query's lease and returns its snapshot; `None` if it was unknown.
+    pub fn renew_query(&mut self, id: QueryId, now_ms: u64, lease_ms: u64) -> Option<Timestamp> {
+        let q = self.queries.get_mut(&id)?;
+        q.lease_until_ms = now_ms + lease_ms;
+        Some(q.snapshot)
     }
 
     /// Ends every query whose lease ran out, so a client that died cannot hold LWM back.
@@ -364,7 +360,7 @@ mod tests {
         c.applied(0, ts(20)).unwrap();
         let (q2, _) = c.begin_query(500, 1000);
         assert_eq!(c.lwm().get(), ts(10));
-        assert!(c.renew_query(q2, 900, 1000));
+        assert!(c.renew_query(q2, 900, 1000).is_some());
         assert_eq!(c.expire_queries(1000), vec![q1]);
         assert_eq!(c.lwm().get(), ts(20));
         assert!(!c.end_query(q1), "an expired query is gone");

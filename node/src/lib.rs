@@ -7,5 +7,6 @@ pub mod debezium;
 pub mod metrics;
 pub mod node;
 pub mod router;
+pub mod rpc;
 pub mod settings;
 pub mod sink;

@@ -85,12 +85,17 @@ pub enum CoordMsg {
     BeginQuery {
         reply: flume::Sender<(QueryId, Timestamp)>,
     },
-    /// From a reader: the query ended.
-    EndQuery { id: QueryId },
-    /// From a reader: extend the query's lease; the reply says whether it was still running.
+    /// From a reader: the query ended. The reply, if asked for, says whether it was still
+    /// running (its lease had not run out).
+    EndQuery {
+        id: QueryId,
+        reply: Option<flume::Sender<bool>>,
+    },
+    /// From a reader: extend the query's lease; the reply is its snapshot, or `None` if it
+    /// had ended or its lease ran out.
     RenewQuery {
         id: QueryId,
-        reply: flume::Sender<bool>,
+        reply: flume::Sender<Option<Timestamp>>,
     },
     /// From the coordinator's timer: expire leases, persist HWM.
     Tick,
@@ -189,6 +194,11 @@ pub struct NodeOptions {
     pub data_dir: PathBuf,
     pub catalog: Arc<Catalog>,
     pub settings: Settings,
+    /// Where the coordinator's Cap'n Proto service listens (port 0: any free port); `None`
+    /// serves no RPC.
+    pub listen: Option<std::net::SocketAddr>,
+    /// The token clients present at bootstrap; required beyond loopback.
+    pub auth_token: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +236,7 @@ pub struct NodeHandle {
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
 pub struct Node {
     handle: NodeHandle,
+    listening: Option<std::net::SocketAddr>,
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
     io_thread: Option<std::thread::JoinHandle<()>>,
     io: flume::Sender<IoRequest>,
@@ -291,6 +302,36 @@ impl Node {
             }
         };
 
+        // The coordinator's RPC listener, bound here so that a bad address fails the start.
+        let mut listening = None;
+        let listener_fd = match options.listen {
+            Some(addr) => {
+                crate::rpc::check_listen(addr, options.auth_token.as_deref()).map_err(
+                    |reason| NodeError::Executor {
+                        what: "the coordinator service".into(),
+                        reason,
+                    },
+                )?;
+                let listener =
+                    std::net::TcpListener::bind(addr).map_err(|e| NodeError::Executor {
+                        what: format!("the coordinator service on {addr}"),
+                        reason: e.to_string(),
+                    })?;
+                listening = Some(listener.local_addr().map_err(|e| NodeError::Executor {
+                    what: "the coordinator service".into(),
+                    reason: e.to_string(),
+                })?);
+                listener
+                    .set_nonblocking(true)
+                    .map_err(|e| NodeError::Executor {
+                        what: "the coordinator service".into(),
+                        reason: e.to_string(),
+                    })?;
+                Some(std::os::fd::IntoRawFd::into_raw_fd(listener))
+            }
+            None => None,
+        };
+
         // Coordinator.
         {
             let status = status.clone();
@@ -298,12 +339,33 @@ impl Node {
             let state = CoordinatorState::new(shards, persisted);
             let persist = Duration::from_millis(settings.persist_interval_ms);
             let lease = settings.query_lease_ms;
+            let rpc_coord = coord_tx.clone();
+            let rpc_catalog = options.catalog.clone();
+            let token = options.auth_token.clone();
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
                     .io_memory(EXECUTOR_IO_MEMORY)
-                    .spawn(move || {
+                    .spawn(move || async move {
+                        if let Some(fd) = listener_fd {
+                            // SAFETY: the descriptor is a bound, non-blocking TCP listener whose
+                            // ownership passed here from `into_raw_fd`.
+                            let listener = unsafe {
+                                <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(
+                                    fd,
+                                )
+                            };
+                            glommio::spawn_local(crate::rpc::serve(
+                                listener,
+                                rpc_coord,
+                                rpc_catalog,
+                                token,
+                                lease,
+                            ))
+                            .detach();
+                        }
                         coordinator_main(state, state_file, coord_rx, tx, status, persist, lease)
+                            .await
                     })
                     .map_err(spawn_err("the coordinator".into()))?,
             );
@@ -337,6 +399,7 @@ impl Node {
         }
 
         Ok(Node {
+            listening,
             handle: NodeHandle {
                 submit_order: Arc::new(Mutex::new(())),
                 shards: shard_txs,
@@ -353,6 +416,11 @@ impl Node {
 
     pub fn handle(&self) -> &NodeHandle {
         &self.handle
+    }
+
+    /// Where the coordinator's Cap'n Proto service listens, if it does.
+    pub fn coordinator_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listening
     }
 
     /// Stops every actor after what was sent before, persists the coordinator, and waits.
@@ -532,11 +600,11 @@ impl NodeHandle {
         self.coord
             .send(CoordMsg::RenewQuery { id, reply: tx })
             .map_err(|_| NodeError::Stopped)?;
-        rx.recv().map_err(|_| NodeError::Stopped)
+        Ok(rx.recv().map_err(|_| NodeError::Stopped)?.is_some())
     }
 
     pub fn end_query(&self, id: QueryId) {
-        let _ = self.coord.send(CoordMsg::EndQuery { id });
+        let _ = self.coord.send(CoordMsg::EndQuery { id, reply: None });
     }
 
     /// Every row of `table` visible at `ts`, from every shard, with the stored columns
@@ -658,8 +726,11 @@ async fn coordinator_main(
             CoordMsg::RenewQuery { id, reply } => {
                 let _ = reply.send(state.renew_query(id, now_ms(), lease_ms));
             }
-            CoordMsg::EndQuery { id } => {
-                state.end_query(id);
+            CoordMsg::EndQuery { id, reply } => {
+                let running = state.end_query(id);
+                if let Some(reply) = reply {
+                    let _ = reply.send(running);
+                }
                 status
                     .running_queries
                     .store(state.running_queries() as u64, Ordering::Relaxed);

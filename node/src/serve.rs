@@ -47,6 +47,13 @@ pub struct ServeArgs {
     /// Dead-letter file for `--on-error skip` (default: DATA_DIR/dead-letter.jsonl).
     #[arg(long)]
     dead_letter: Option<PathBuf>,
+    /// Where the coordinator's Cap'n Proto service listens (port 0: any free port). An address
+    /// beyond loopback needs --auth-token.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: SocketAddr,
+    /// The token query clients present when they bootstrap.
+    #[arg(long, env = "RETINA_AUTH_TOKEN", hide_env_values = true)]
+    auth_token: Option<String>,
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -68,7 +75,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         catalog: catalog.clone(),
         settings,
+        listen: Some(args.listen),
+        auth_token: args.auth_token.clone(),
     })?;
+    if let Some(addr) = node.coordinator_addr() {
+        tracing::info!("coordinator service (Cap'n Proto) on {addr}");
+    }
     let handle = node.handle().clone();
     tracing::info!(
         "serving {} tables on {shards} shards from {}; data in {}",

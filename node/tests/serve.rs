@@ -105,7 +105,16 @@ fn serve_with(
     extra: &[&str],
 ) -> Child {
     Command::new(env!("CARGO_BIN_EXE_retina"))
-        .args(["serve", "--shards", "2", "--source", source, "--metrics"])
+        .args([
+            "serve",
+            "--shards",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--source",
+            source,
+            "--metrics",
+        ])
         .arg(format!("127.0.0.1:{port}"))
         .args(extra)
         .arg("--data-dir")

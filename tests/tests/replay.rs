@@ -185,6 +185,8 @@ fn start(dir: &Path, shards: u16) -> Node {
         data_dir: dir.to_path_buf(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings: settings(shards),
+        listen: None,
+        auth_token: None,
     })
     .unwrap()
 }
@@ -542,6 +544,8 @@ fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
             persist_interval_ms: 10,
             ..settings(2)
         },
+        listen: None,
+        auth_token: None,
     })
     .unwrap();
     let h = node.handle();

@@ -1,0 +1,192 @@
+//! The coordinator's Cap'n Proto service over loopback, as a query engine's client uses it:
+//! bootstrap with the token, list tables, begin, renew and end queries; typed errors for a bad
+//! token, the wrong service and an expired lease; no listening beyond loopback without a token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use capnp_rpc::{RpcSystem, twoparty};
+use futures::AsyncReadExt;
+use glommio::{LocalExecutorBuilder, Placement};
+use retina_node::catalog::Catalog;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_protocol::query::read_table;
+use retina_protocol::retina_capnp::{bootstrap, coordinator, error, query_result};
+use retina_storage::{RowOp, TableOp, Value};
+
+const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v DECIMAL(8,2));
+                   CREATE TABLE public.u (k VARCHAR(8), n BIGINT NOT NULL, PRIMARY KEY (k, n));";
+
+fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Result<Node, String> {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            query_lease_ms: 200,
+            persist_interval_ms: 10,
+            ..Settings::default()
+        },
+        listen: Some(listen),
+        auth_token: token.map(str::to_owned),
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Runs `f` as a Cap'n Proto client of `addr` on a glommio executor of its own.
+fn client<T: Send + 'static, F: Future<Output = T> + 'static>(
+    addr: SocketAddr,
+    f: impl FnOnce(bootstrap::Client) -> F + Send + 'static,
+) -> T {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(512 << 10)
+        .spawn(move || async move {
+            let stream = glommio::net::TcpStream::connect(addr).await.unwrap();
+            let (r, w) = stream.split();
+            let network = twoparty::VatNetwork::new(r, w, Side::Client, Default::default());
+            let mut rpc = RpcSystem::new(Box::new(network), None);
+            let boot: bootstrap::Client = rpc.bootstrap(Side::Server);
+            glommio::spawn_local(rpc).detach();
+            f(boot).await
+        })
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+async fn connect(boot: &bootstrap::Client, token: &str) -> Result<coordinator::Client, String> {
+    let mut req = boot.coordinator_request();
+    req.get().set_auth_token(token);
+    let resp = req.send().promise.await.map_err(|e| e.to_string())?;
+    match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+        retina_protocol::retina_capnp::coordinator_result::Which::Ok(c) => Ok(c.unwrap()),
+        retina_protocol::retina_capnp::coordinator_result::Which::Error(e) => {
+            Err(describe(e.unwrap()))
+        }
+    }
+}
+
+fn describe(e: error::Reader<'_>) -> String {
+    match e.which().unwrap() {
+        error::Which::Unauthorized(()) => "unauthorized".into(),
+        error::Which::LeaseExpired(id) => format!("lease expired {id}"),
+        error::Which::WrongService(t) => format!("wrong service: {}", t.unwrap().to_str().unwrap()),
+        _ => "other".into(),
+    }
+}
+
+fn query(r: query_result::Reader<'_>) -> Result<(u64, u64, u64), String> {
+    match r.which().unwrap() {
+        query_result::Which::Ok(q) => {
+            let q = q.unwrap();
+            Ok((q.get_id(), q.get_snapshot(), q.get_lease_ms()))
+        }
+        query_result::Which::Error(e) => Err(describe(e.unwrap())),
+    }
+}
+
+#[test]
+fn a_client_bootstraps_lists_tables_and_holds_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), "127.0.0.1:0".parse().unwrap(), Some("s3cret")).unwrap();
+    let addr = node.coordinator_addr().unwrap();
+    let h = node.handle().clone();
+    let ts = h
+        .submit(
+            &[vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(vec![Value::Int(1), Value::Decimal(5)]),
+            }]],
+            &[],
+        )
+        .unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    let hwm = h.status().hwm();
+
+    let (refused, wrong, tables, q, renewed, ended, again, expired) =
+        client(addr, |boot| async move {
+            let refused = connect(&boot, "nope").await.err();
+            let mut req = boot.scan_service_request();
+            req.get().set_auth_token("s3cret");
+            let resp = req.send().promise.await.unwrap();
+            let wrong = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+                retina_protocol::retina_capnp::scan_service_result::Which::Error(e) => {
+                    describe(e.unwrap())
+                }
+                _ => "ok".into(),
+            };
+            let c = connect(&boot, "s3cret").await.unwrap();
+
+            let resp = c.list_tables_request().send().promise.await.unwrap();
+            let tables: Vec<(u32, String, usize)> = resp
+                .get()
+                .unwrap()
+                .get_tables()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    let (id, s) = read_table(t).unwrap();
+                    (id, s.name().to_owned(), s.primary_key().len())
+                })
+                .collect();
+
+            let resp = c.begin_query_request().send().promise.await.unwrap();
+            let q = query(resp.get().unwrap().get_result().unwrap());
+            let id = q.clone().unwrap().0;
+            let mut req = c.renew_lease_request();
+            req.get().set_query_id(id);
+            let resp = req.send().promise.await.unwrap();
+            let renewed = query(resp.get().unwrap().get_result().unwrap());
+            let end = |id| {
+                let mut req = c.end_query_request();
+                req.get().set_query_id(id);
+                req.send().promise
+            };
+            let resp = end(id).await.unwrap();
+            let ended = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+                retina_protocol::retina_capnp::done::Which::Ok(()) => "ok".to_owned(),
+                retina_protocol::retina_capnp::done::Which::Error(e) => describe(e.unwrap()),
+            };
+            let resp = end(id).await.unwrap();
+            let again = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+                retina_protocol::retina_capnp::done::Which::Ok(()) => "ok".to_owned(),
+                retina_protocol::retina_capnp::done::Which::Error(e) => describe(e.unwrap()),
+            };
+            // A query nobody renews loses its lease.
+            let resp = c.begin_query_request().send().promise.await.unwrap();
+            let lapsed = query(resp.get().unwrap().get_result().unwrap()).unwrap().0;
+            glommio::timer::sleep(Duration::from_millis(500)).await;
+            let mut req = c.renew_lease_request();
+            req.get().set_query_id(lapsed);
+            let resp = req.send().promise.await.unwrap();
+            let expired = query(resp.get().unwrap().get_result().unwrap());
+            (refused, wrong, tables, q, renewed, ended, again, expired)
+        });
+
+    assert_eq!(refused.as_deref(), Some("unauthorized"));
+    assert!(wrong.starts_with("wrong service"), "{wrong}");
+    assert_eq!(
+        tables,
+        vec![(0, "public.t".to_owned(), 1), (1, "public.u".to_owned(), 2)]
+    );
+    let (id, snapshot, lease) = q.unwrap();
+    assert_eq!(snapshot, hwm.snapshot().get(), "a query reads at HWM - 1");
+    assert_eq!(lease, 200);
+    assert_eq!(renewed.unwrap(), (id, snapshot, 200));
+    assert_eq!(ended, "ok");
+    assert_eq!(again, format!("lease expired {id}"));
+    assert!(expired.unwrap_err().starts_with("lease expired"));
+    node.shutdown();
+}
+
+#[test]
+fn listening_beyond_loopback_needs_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = start(dir.path(), "0.0.0.0:0".parse().unwrap(), None)
+        .err()
+        .unwrap();
+    assert!(err.contains("needs --auth-token"), "{err}");
+}
