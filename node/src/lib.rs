@@ -2,6 +2,7 @@
 //! as actors on glommio.
 
 pub mod catalog;
+pub mod client;
 pub mod coordinator;
 pub mod debezium;
 pub mod metrics;

@@ -46,6 +46,13 @@ pub enum ShardMsg {
         ts: Timestamp,
         reply: flume::Sender<retina_storage::Result<TableSnapshot>>,
     },
+    /// From the scan service: bitmaps of a regular file's row groups at `ts`.
+    Bitmaps {
+        file: retina_storage::FileId,
+        ts: Timestamp,
+        row_groups: Vec<u32>,
+        reply: flume::Sender<retina_storage::Result<Vec<retina_storage::RowGroupBitmap>>>,
+    },
     /// From the shard's own timer: time to hand full blocks and files to the I/O thread.
     Tick,
     /// From the shard's own GC timer: time for memory GC.
@@ -237,6 +244,7 @@ pub struct NodeHandle {
 pub struct Node {
     handle: NodeHandle,
     listening: Option<std::net::SocketAddr>,
+    scan_addrs: Vec<std::net::SocketAddr>,
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
     io_thread: Option<std::thread::JoinHandle<()>>,
     io: flume::Sender<IoRequest>,
@@ -332,6 +340,32 @@ impl Node {
             None => None,
         };
 
+        // Each shard's scan service: the ports after the coordinator's (any free port when the
+        // coordinator's is 0), on the same host.
+        let mut scan_listeners = Vec::new();
+        let mut scan_addrs = Vec::new();
+        if let Some(base) = listening {
+            for id in 0..shards {
+                let mut addr = base;
+                if base.port() != 0 {
+                    addr.set_port(base.port() + 1 + id);
+                }
+                if options.listen.is_some_and(|l| l.port() == 0) {
+                    addr.set_port(0);
+                }
+                let bind_err = |e: std::io::Error| NodeError::Executor {
+                    what: format!("the scan service of shard {id} on {addr}"),
+                    reason: e.to_string(),
+                };
+                let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+                scan_addrs.push(l.local_addr().map_err(bind_err)?);
+                l.set_nonblocking(true).map_err(bind_err)?;
+                scan_listeners.push(Some(std::os::fd::IntoRawFd::into_raw_fd(l)));
+            }
+        } else {
+            scan_listeners.resize(shards.into(), None);
+        }
+
         // Coordinator.
         {
             let status = status.clone();
@@ -342,6 +376,7 @@ impl Node {
             let rpc_coord = coord_tx.clone();
             let rpc_catalog = options.catalog.clone();
             let token = options.auth_token.clone();
+            let endpoints = scan_addrs.clone();
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
@@ -361,6 +396,7 @@ impl Node {
                                 rpc_catalog,
                                 token,
                                 lease,
+                                endpoints,
                             ))
                             .detach();
                         }
@@ -387,6 +423,8 @@ impl Node {
                 flush_interval: Duration::from_millis(settings.flush_interval_ms),
                 gc_interval: Duration::from_millis(settings.gc_interval_ms),
                 resume: persisted.hwm.snapshot(),
+                scan_listener: scan_listeners[usize::from(id)],
+                auth_token: options.auth_token.clone(),
             };
             let config = settings.storage();
             executors.push(
@@ -400,6 +438,7 @@ impl Node {
 
         Ok(Node {
             listening,
+            scan_addrs,
             handle: NodeHandle {
                 submit_order: Arc::new(Mutex::new(())),
                 shards: shard_txs,
@@ -416,6 +455,11 @@ impl Node {
 
     pub fn handle(&self) -> &NodeHandle {
         &self.handle
+    }
+
+    /// Where each shard's scan service listens, by shard (empty without `listen`).
+    pub fn scan_addrs(&self) -> &[std::net::SocketAddr] {
+        &self.scan_addrs
     }
 
     /// Where the coordinator's Cap'n Proto service listens, if it does.
@@ -772,6 +816,9 @@ struct ShardContext {
     gc_interval: Duration,
     /// What the node had made visible before this run: an empty shard starts there.
     resume: Timestamp,
+    /// The scan service's bound listener, and the token its clients present.
+    scan_listener: Option<std::os::fd::RawFd>,
+    auth_token: Option<String>,
 }
 
 async fn shard_main(
@@ -793,6 +840,17 @@ async fn shard_main(
     shard
         .advance(ctx.resume)
         .expect("a new shard starts at genesis");
+    if let Some(fd) = ctx.scan_listener {
+        // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
+        let listener =
+            unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        glommio::spawn_local(crate::rpc::serve_scan(
+            listener,
+            ctx.own.clone(),
+            ctx.auth_token.clone(),
+        ))
+        .detach();
+    }
     // Timers never act: they send a tick into the actor.
     let ticks: [(Duration, fn() -> ShardMsg); 2] = [
         (ctx.flush_interval, || ShardMsg::Tick),
@@ -823,6 +881,14 @@ async fn shard_main(
             }
             ShardMsg::Snapshot { table, ts, reply } => {
                 let _ = reply.send(shard.snapshot(table, ts));
+            }
+            ShardMsg::Bitmaps {
+                file,
+                ts,
+                row_groups,
+                reply,
+            } => {
+                let _ = reply.send(shard.row_group_bitmaps(file, ts, &row_groups));
             }
             ShardMsg::Tick => on_tick(&ctx, &mut shard),
             ShardMsg::GcTick => on_gc(&ctx, &mut shard),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use capnp_rpc::{RpcSystem, twoparty};
 use futures::AsyncReadExt;
 use retina_protocol::query::write_table;
-use retina_protocol::retina_capnp::{bootstrap, coordinator};
+use retina_protocol::retina_capnp::{bootstrap, coordinator, scan_service};
 
 use crate::catalog::Catalog;
 use crate::node::CoordMsg;
@@ -30,43 +30,19 @@ pub async fn serve(
     catalog: Arc<Catalog>,
     auth_token: Option<String>,
     lease_ms: u64,
+    shards: Vec<SocketAddr>,
 ) {
     let coordinator: coordinator::Client = capnp_rpc::new_client(CoordinatorService {
         coord,
         catalog,
         lease_ms,
+        shards,
     });
     let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
         coordinator,
         auth_token,
     });
-    loop {
-        let stream = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("coordinator service: accept: {e}");
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let (reader, writer) = stream.split();
-        let mut options = capnp::message::ReaderOptions::new();
-        options.traversal_limit_in_words(Some(TRAVERSAL_LIMIT_WORDS));
-        options.nesting_limit(NESTING_LIMIT);
-        let network = twoparty::VatNetwork::new(
-            reader,
-            writer,
-            capnp_rpc::rpc_twoparty_capnp::Side::Server,
-            options,
-        );
-        let system = RpcSystem::new(Box::new(network), Some(bootstrap.clone().client));
-        glommio::spawn_local(async move {
-            if let Err(e) = system.await {
-                tracing::debug!("coordinator service: a connection ended: {e}");
-            }
-        })
-        .detach();
-    }
+    accept_loop(listener, bootstrap, "coordinator service").await;
 }
 
 /// Whether a node may listen on `addr` without a token: only on loopback.
@@ -85,18 +61,17 @@ struct Bootstrap {
     auth_token: Option<String>,
 }
 
-impl Bootstrap {
-    fn authorized(&self, presented: &str) -> bool {
-        match &self.auth_token {
-            None => true,
-            // Compared in full, whatever the first difference, so timing says nothing.
-            Some(t) => {
-                t.len() == presented.len()
-                    && t.bytes()
-                        .zip(presented.bytes())
-                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                        == 0
-            }
+/// Whether `presented` is the node's token (any token when the node has none). Compared in
+/// full, whatever the first difference, so timing says nothing.
+fn token_matches(expected: Option<&str>, presented: &str) -> bool {
+    match expected {
+        None => true,
+        Some(t) => {
+            t.len() == presented.len()
+                && t.bytes()
+                    .zip(presented.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
         }
     }
 }
@@ -110,7 +85,7 @@ impl bootstrap::Server for Bootstrap {
         let outcome = (|| {
             let token = params.get()?.get_auth_token()?.to_str()?;
             let mut result = results.get().init_result();
-            if self.authorized(token) {
+            if token_matches(self.auth_token.as_deref(), token) {
                 result.set_ok(self.coordinator.clone());
             } else {
                 result.init_error().set_unauthorized(());
@@ -136,6 +111,8 @@ struct CoordinatorService {
     coord: flume::Sender<CoordMsg>,
     catalog: Arc<Catalog>,
     lease_ms: u64,
+    /// Each shard's scan-service address, by shard.
+    shards: Vec<SocketAddr>,
 }
 
 fn stopped() -> capnp::Error {
@@ -209,6 +186,49 @@ impl coordinator::Server for CoordinatorService {
         Ok(())
     }
 
+    /// The plan names every shard's scan service and no regular file: each shard returns its
+    /// files (by path, with bitmaps) and its buffer from `writeBuffer` in one answer, so a
+    /// combination that happens while the query runs can neither hide rows nor show them twice.
+    async fn scan_plan(
+        self: Rc<Self>,
+        params: coordinator::ScanPlanParams,
+        mut results: coordinator::ScanPlanResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let id = p.get_query_id();
+        let name = p.get_table()?.to_str()?.to_owned();
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send_async(CoordMsg::RenewQuery { id, reply: tx })
+            .await
+            .map_err(|_| stopped())?;
+        let snapshot = rx.recv_async().await.map_err(|_| stopped())?;
+        let result = results.get().init_result();
+        let Some(snapshot) = snapshot else {
+            result.init_error().set_lease_expired(id);
+            return Ok(());
+        };
+        let Some(table) = self.catalog.resolve(&name) else {
+            result.init_error().set_unknown_table(&name);
+            return Ok(());
+        };
+        let mut plan = result.init_ok();
+        plan.set_snapshot(snapshot.get());
+        write_table(
+            plan.reborrow().init_table(),
+            table,
+            &self.catalog.tables()[table as usize],
+        );
+        plan.reborrow().init_files(0);
+        let mut buffers = plan.init_buffers(self.shards.len() as u32);
+        for (i, addr) in self.shards.iter().enumerate() {
+            let mut e = buffers.reborrow().get(i as u32);
+            e.set_shard(i as u16);
+            e.set_address(addr.to_string());
+        }
+        Ok(())
+    }
+
     fn list_tables(
         self: Rc<Self>,
         _: coordinator::ListTablesParams,
@@ -221,4 +241,205 @@ impl coordinator::Server for CoordinatorService {
         }
         std::future::ready(Ok(()))
     }
+}
+
+/// Serves one shard's scan service on `listener`, beside the shard on its core: each call is
+/// a message to the shard, answered from its own state.
+pub async fn serve_scan(
+    listener: glommio::net::TcpListener,
+    shard: flume::Sender<crate::node::ShardMsg>,
+    auth_token: Option<String>,
+) {
+    let scan: scan_service::Client = capnp_rpc::new_client(ScanService { shard });
+    let bootstrap: bootstrap::Client = capnp_rpc::new_client(ScanBootstrap { scan, auth_token });
+    accept_loop(listener, bootstrap, "scan service").await;
+}
+
+async fn accept_loop(
+    listener: glommio::net::TcpListener,
+    bootstrap: bootstrap::Client,
+    what: &'static str,
+) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{what}: accept: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = stream.split();
+        let mut options = capnp::message::ReaderOptions::new();
+        options.traversal_limit_in_words(Some(TRAVERSAL_LIMIT_WORDS));
+        options.nesting_limit(NESTING_LIMIT);
+        let network = twoparty::VatNetwork::new(
+            reader,
+            writer,
+            capnp_rpc::rpc_twoparty_capnp::Side::Server,
+            options,
+        );
+        let system = RpcSystem::new(Box::new(network), Some(bootstrap.clone().client));
+        glommio::spawn_local(async move {
+            if let Err(e) = system.await {
+                tracing::debug!("{what}: a connection ended: {e}");
+            }
+        })
+        .detach();
+    }
+}
+
+struct ScanBootstrap {
+    scan: scan_service::Client,
+    auth_token: Option<String>,
+}
+
+impl bootstrap::Server for ScanBootstrap {
+    fn coordinator(
+        self: Rc<Self>,
+        _: bootstrap::CoordinatorParams,
+        mut results: bootstrap::CoordinatorResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        results
+            .get()
+            .init_result()
+            .init_error()
+            .set_wrong_service("this is a shard's scan-service port; the coordinator has its own");
+        std::future::ready(Ok(()))
+    }
+
+    fn scan_service(
+        self: Rc<Self>,
+        params: bootstrap::ScanServiceParams,
+        mut results: bootstrap::ScanServiceResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let outcome = (|| {
+            let token = params.get()?.get_auth_token()?.to_str()?;
+            let mut result = results.get().init_result();
+            if token_matches(self.auth_token.as_deref(), token) {
+                result.set_ok(self.scan.clone());
+            } else {
+                result.init_error().set_unauthorized(());
+            }
+            Ok(())
+        })();
+        std::future::ready(outcome)
+    }
+}
+
+struct ScanService {
+    shard: flume::Sender<crate::node::ShardMsg>,
+}
+
+impl ScanService {
+    async fn snapshot(
+        &self,
+        table: u32,
+        ts: u64,
+    ) -> Result<retina_storage::Result<retina_storage::TableSnapshot>, capnp::Error> {
+        let ts =
+            retina_storage::Timestamp::new(ts).map_err(|e| capnp::Error::failed(e.to_string()))?;
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(crate::node::ShardMsg::Snapshot {
+                table,
+                ts,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        rx.recv_async().await.map_err(|_| stopped())
+    }
+}
+
+fn words(bitmap: &[u64]) -> Vec<u8> {
+    bitmap.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+impl scan_service::Server for ScanService {
+    async fn bitmaps(
+        self: Rc<Self>,
+        params: scan_service::BitmapsParams,
+        mut results: scan_service::BitmapsResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let ts = retina_storage::Timestamp::new(p.get_snapshot())
+            .map_err(|e| capnp::Error::failed(e.to_string()))?;
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(crate::node::ShardMsg::Bitmaps {
+                file: retina_storage::FileId(p.get_file_id()),
+                ts,
+                row_groups: p.get_row_groups()?.iter().collect(),
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        let result = results.get().init_result();
+        match rx.recv_async().await.map_err(|_| stopped())? {
+            Ok(groups) => {
+                let mut list = result.init_ok(groups.len() as u32);
+                for (i, g) in groups.iter().enumerate() {
+                    let mut b = list.reborrow().get(i as u32);
+                    b.set_row_group(g.row_group);
+                    b.set_rows(g.rows);
+                    b.set_deleted(&words(&g.deleted));
+                }
+            }
+            Err(retina_storage::StorageError::UnknownFile(id)) => {
+                result.init_error().set_unknown_file(id)
+            }
+            Err(e) => retina_protocol::query::write_error(result.init_error(), &e),
+        }
+        Ok(())
+    }
+
+    async fn write_buffer(
+        self: Rc<Self>,
+        params: scan_service::WriteBufferParams,
+        mut results: scan_service::WriteBufferResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let known: Vec<u64> = p.get_known_files()?.iter().collect();
+        let snapshot = self.snapshot(p.get_table(), p.get_snapshot()).await?;
+        let result = results.get().init_result();
+        let snap = match snapshot {
+            Ok(s) => s,
+            Err(e) => {
+                retina_protocol::query::write_error(result.init_error(), &e);
+                return Ok(());
+            }
+        };
+        let parts: Vec<_> = snap
+            .parts
+            .iter()
+            .filter(|p| !known.contains(&p.file.0))
+            .collect();
+        let mut list = result.init_ok(parts.len() as u32);
+        for (i, part) in parts.iter().enumerate() {
+            let mut b = list.reborrow().get(i as u32);
+            b.set_file_id(part.file.0);
+            b.set_offset(part.offset);
+            b.set_rows(part.rows);
+            b.set_deleted(&words(&part.deleted));
+            match &part.data {
+                retina_storage::BlockData::Memory(batch) => b.set_memory(&ipc_bytes(batch)?),
+                retina_storage::BlockData::Object(path) => b.set_path(path.as_ref()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A batch as an Arrow IPC stream.
+fn ipc_bytes(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<u8>, capnp::Error> {
+    let mut out = Vec::new();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    w.write(batch)
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    w.finish()
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    drop(w);
+    Ok(out)
 }

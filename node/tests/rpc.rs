@@ -190,3 +190,160 @@ fn listening_beyond_loopback_needs_a_token() {
         .unwrap();
     assert!(err.contains("needs --auth-token"), "{err}");
 }
+
+#[test]
+fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 5,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: Some("tok".into()),
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    let row = |id: i64, v: i64| vec![Value::Int(id), Value::Decimal(v.into())];
+    // 1,200 rows (files fill and combine), then updates and deletes of early rows.
+    let inserts: Vec<Vec<TableOp<Vec<Value>>>> = (0..120)
+        .map(|t| {
+            (0..10)
+                .map(|i| TableOp {
+                    table: 0,
+                    op: RowOp::Insert(row(t * 10 + i, 1)),
+                })
+                .collect()
+        })
+        .collect();
+    h.submit(&inserts, &[]).unwrap();
+    let changes: Vec<Vec<TableOp<Vec<Value>>>> = (0..60)
+        .map(|i| {
+            if i % 2 == 0 {
+                vec![TableOp {
+                    table: 0,
+                    op: RowOp::Delete(row(i * 5, 1)),
+                }]
+            } else {
+                vec![TableOp {
+                    table: 0,
+                    op: RowOp::Update {
+                        before: row(i * 5, 1),
+                        after: row(i * 5, 7),
+                    },
+                }]
+            }
+        })
+        .collect();
+    let last = h.submit(&changes, &[]).unwrap();
+    assert!(h.wait_visible(*last.end(), Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_millis(300)); // flushes and combinations
+
+    let addr = node.coordinator_addr().unwrap();
+    let lake = dir.path().join("data/lake");
+    let (snapshot, mut rows, bitmaps) = client(addr, move |_| async move {
+        let store = retina_storage::file::local_store(&lake).unwrap();
+        let c = retina_node::client::coordinator(addr, "tok").await.unwrap();
+        let read = retina_node::client::read(&c, "tok", store.as_ref(), "public.t", None)
+            .await
+            .unwrap();
+        let types: Vec<_> = read.schema.columns().iter().map(|c| c.ty).collect();
+        let rows: Vec<Vec<Value>> = read
+            .batches
+            .iter()
+            .flat_map(|b| retina_storage::value::batch_rows(b, &types))
+            .collect();
+        // A combined file's bitmaps straight from its owner shard.
+        let files: Vec<u64> = std::fs::read_dir(lake.join("tables/public.t"))
+            .unwrap()
+            .filter_map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(".parquet")
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+            })
+            .collect();
+        let file = *files.iter().min().expect("a combined file");
+        (read.snapshot, rows, file)
+    });
+    rows.sort_by_key(|r| match r[0] {
+        Value::Int(i) => i,
+        _ => 0,
+    });
+    let mut expected: Vec<Vec<Value>> = (0..1200)
+        .filter(|&id| !(id % 10 == 0 && id < 300))
+        .map(|id| row(id, if id % 10 == 5 && id < 300 { 7 } else { 1 }))
+        .collect();
+    expected.sort_by_key(|r| match r[0] {
+        Value::Int(i) => i,
+        _ => 0,
+    });
+    assert_eq!(rows.len(), expected.len());
+    assert_eq!(rows, expected);
+    // The same rows as the node's own in-process read at that snapshot.
+    let own: usize = h
+        .read_table(0, snapshot)
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(own, rows.len());
+
+    // Bitmaps of a combined file's row groups, from the shard that owns it.
+    let file = bitmaps;
+    let shard = (file >> 48) as usize;
+    let scan_addr = node.scan_addrs()[shard];
+    let (rows_in_groups, deleted, unknown) = client(scan_addr, move |_| async move {
+        let scan = retina_node::client::scan_service(scan_addr, "tok")
+            .await
+            .unwrap();
+        let mut req = scan.bitmaps_request();
+        req.get().set_file_id(file);
+        req.get().set_snapshot(snapshot.get());
+        let mut rgs = req.get().init_row_groups(2);
+        rgs.set(0, 0);
+        rgs.set(1, 1);
+        let resp = req.send().promise.await.unwrap();
+        let (mut rows, mut deleted) = (0, 0);
+        match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+            retina_protocol::retina_capnp::bitmaps_result::Which::Ok(list) => {
+                for b in list.unwrap() {
+                    rows += b.get_rows();
+                    deleted += b
+                        .get_deleted()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.count_ones() as u64)
+                        .sum::<u64>();
+                }
+            }
+            retina_protocol::retina_capnp::bitmaps_result::Which::Error(e) => {
+                panic!("{}", describe(e.unwrap()))
+            }
+        }
+        let mut req = scan.bitmaps_request();
+        req.get().set_file_id(file + 1_000_000);
+        req.get().set_snapshot(snapshot.get());
+        let resp = req.send().promise.await.unwrap();
+        let unknown = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+            retina_protocol::retina_capnp::bitmaps_result::Which::Error(e) => {
+                retina_node::client::describe(e.unwrap())
+            }
+            _ => "ok".into(),
+        };
+        (rows, deleted, unknown)
+    });
+    assert_eq!(rows_in_groups, 256, "two row groups of 128 rows");
+    assert!(deleted > 0, "the first file holds deleted and updated rows");
+    assert!(
+        unknown.ends_with("is gone: ask for a new plan"),
+        "{unknown}"
+    );
+    node.shutdown();
+}

@@ -51,6 +51,9 @@ pub enum StorageError {
     #[error("unknown table id {0}")]
     UnknownTable(u32),
 
+    #[error("file {0:016x} is not a regular file of this shard (it may have been rewritten)")]
+    UnknownFile(u64),
+
     #[error("table `{table}`, column `{column}`: {reason}")]
     Value {
         table: String,

@@ -23,7 +23,8 @@ pub use error::{Result, StorageError};
 pub use index::{FileId, PrimaryIndex, RowId, RowIdMap, RowLocation};
 pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
 pub use shard::{
-    ApplyStats, MemoryUsage, RowOp, Shard, TableId, TableOp, TableOpRef, TableSnapshot,
+    ApplyStats, MemoryUsage, RowGroupBitmap, RowOp, Shard, TableId, TableOp, TableOpRef,
+    TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};

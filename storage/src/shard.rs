@@ -101,6 +101,14 @@ pub struct MemoryUsage {
     pub visibility_bytes: usize,
 }
 
+/// One row group's deleted rows at a snapshot (bit i = the row group's row i).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowGroupBitmap {
+    pub row_group: u32,
+    pub rows: u64,
+    pub deleted: Vec<u64>,
+}
+
 /// What a query reads of one table at a snapshot: regular files and flushed blocks by path,
 /// in-memory blocks as batches, each with its deleted-rows bitmap at the snapshot.
 pub struct TableSnapshot {
@@ -507,6 +515,52 @@ impl Shard {
             snapshot,
             parts,
         })
+    }
+
+    /// The deleted-rows bitmaps of a regular file's row groups at `snapshot`, in the order
+    /// asked.
+    pub fn row_group_bitmaps(
+        &self,
+        file: FileId,
+        snapshot: Timestamp,
+        row_groups: &[u32],
+    ) -> Result<Vec<RowGroupBitmap>> {
+        if snapshot > self.applied_through {
+            return Err(StorageError::SnapshotInFuture {
+                requested: snapshot,
+                applied_through: self.applied_through,
+            });
+        }
+        let entry = self
+            .tables
+            .iter()
+            .find_map(|t| t.files.get(&file))
+            .ok_or(StorageError::UnknownFile(file.0))?;
+        let groups = entry
+            .regular
+            .as_ref()
+            .ok_or(StorageError::UnknownFile(file.0))?;
+        row_groups
+            .iter()
+            .map(|&i| {
+                let g = groups
+                    .get(i as usize)
+                    .ok_or(StorageError::OffsetOutOfRange {
+                        what: "row-group list",
+                        offset: i.into(),
+                        rows: groups.len() as u64,
+                    })?;
+                let mut deleted = Vec::new();
+                entry
+                    .visibility
+                    .bitmap_range(g.offset, g.rows, snapshot, &mut deleted)?;
+                Ok(RowGroupBitmap {
+                    row_group: i,
+                    rows: g.rows,
+                    deleted,
+                })
+            })
+            .collect()
     }
 
     /// Every immutable block waiting to be flushed, marked as flushing.
