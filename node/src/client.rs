@@ -133,6 +133,29 @@ pub struct TableRead {
     pub batches: Vec<RecordBatch>,
 }
 
+/// Begins a query: its id and snapshot.
+pub async fn begin(coordinator: &coordinator::Client) -> Result<(u64, Timestamp), ClientError> {
+    let resp = coordinator.begin_query_request().send().promise.await?;
+    match resp.get()?.get_result()?.which()? {
+        query_result::Which::Ok(q) => {
+            let q = q?;
+            Ok((q.get_id(), Timestamp::new(q.get_snapshot())?))
+        }
+        query_result::Which::Error(e) => Err(ClientError::Refused(describe(e?))),
+    }
+}
+
+/// Ends a query (an error if its lease had run out).
+pub async fn end(coordinator: &coordinator::Client, query: u64) -> Result<(), ClientError> {
+    let mut req = coordinator.end_query_request();
+    req.get().set_query_id(query);
+    let resp = req.send().promise.await?;
+    if let done::Which::Error(e) = resp.get()?.get_result()?.which()? {
+        return Err(ClientError::Refused(describe(e?)));
+    }
+    Ok(())
+}
+
 /// Reads every row of `table` visible at a new query's snapshot, through the contract.
 pub async fn read(
     coordinator: &coordinator::Client,
@@ -141,30 +164,20 @@ pub async fn read(
     table: &str,
     projection: Projection<'_>,
 ) -> Result<TableRead, ClientError> {
-    let resp = coordinator.begin_query_request().send().promise.await?;
-    let (id, snapshot) = match resp.get()?.get_result()?.which()? {
-        query_result::Which::Ok(q) => {
-            let q = q?;
-            (q.get_id(), q.get_snapshot())
-        }
-        query_result::Which::Error(e) => return Err(ClientError::Refused(describe(e?))),
-    };
+    let (id, snapshot) = begin(coordinator).await?;
     let result = read_at(coordinator, token, store, table, id, projection).await;
-    let mut req = coordinator.end_query_request();
-    req.get().set_query_id(id);
-    let resp = req.send().promise.await?;
-    if let done::Which::Error(e) = resp.get()?.get_result()?.which()? {
-        return Err(ClientError::Refused(describe(e?)));
-    }
+    end(coordinator, id).await?;
     let (schema, batches) = result?;
     Ok(TableRead {
-        snapshot: Timestamp::new(snapshot)?,
+        snapshot,
         schema,
         batches,
     })
 }
 
-async fn read_at(
+/// Reads every row of `table` visible at the snapshot of the running query `query`; several
+/// tables read under one query are consistent with each other.
+pub async fn read_at(
     coordinator: &coordinator::Client,
     token: &str,
     store: &dyn ObjectStore,
