@@ -266,3 +266,55 @@ fn a_transaction_is_visible_to_the_first_query_after_hwm_passes_it() {
     reader.join().unwrap();
     node.shutdown();
 }
+
+#[test]
+fn a_snapshot_folded_away_is_refused_as_too_old_never_answered_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"));
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let scan_addr = node.scan_addrs()[0];
+    let row = |id: i64, v: i64| vec![Value::Int(id), Value::Int(v)];
+    let all: Vec<_> = (0..64)
+        .map(|i| TableOp {
+            table: 0,
+            op: RowOp::Insert(row(i, 0)),
+        })
+        .collect();
+    let first = h.submit(&[all], &[]).unwrap();
+    let old = *first.end();
+    // Delete and update on every shard, then let GC (every 5 ms, no query running) fold.
+    let changes: Vec<_> = (0..64)
+        .map(|i| {
+            vec![TableOp {
+                table: 0,
+                op: RowOp::Update {
+                    before: row(i, 0),
+                    after: row(i, 1),
+                },
+            }]
+        })
+        .collect();
+    let last = h.submit(&changes, &[]).unwrap();
+    assert!(h.wait_visible(*last.end(), Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_millis(100));
+    let answer = on_executor(move || async move {
+        let _ = client::coordinator(addr, "").await.unwrap();
+        let scan = client::scan_service(scan_addr, "").await.unwrap();
+        let mut req = scan.write_buffer_request();
+        req.get().set_table(0);
+        req.get().set_snapshot(old);
+        let resp = req.send().promise.await.unwrap();
+        match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+            retina_protocol::retina_capnp::buffer_result::Which::Ok(_) => "rows".to_owned(),
+            retina_protocol::retina_capnp::buffer_result::Which::Error(e) => {
+                client::describe(e.unwrap())
+            }
+        }
+    });
+    assert!(
+        answer.starts_with(&format!("snapshot {old} is too old")),
+        "{answer}"
+    );
+    node.shutdown();
+}
