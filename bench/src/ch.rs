@@ -112,6 +112,23 @@ impl Iterator for OrderLines {
     }
 }
 
+/// TPC-C's `district`, reduced to what the replay workload updates, with `fresh_ts`.
+pub fn district_schema() -> Arc<TableSchema> {
+    use ColumnType::*;
+    let c = |n: &str, t, null| ColumnDef::new(n, t, null);
+    TableSchema::new(
+        "district",
+        vec![
+            c("d_id", Int32, false),
+            c("d_w_id", Int32, false),
+            c("d_next_o_id", Int32, false),
+            c("fresh_ts", Timestamp, false),
+        ],
+        &["d_w_id", "d_id"],
+    )
+    .expect("the district schema is valid")
+}
+
 /// TPC-C's `stock` with CH-benCHmark's `fresh_ts`.
 pub fn stock_schema() -> Arc<TableSchema> {
     use ColumnType::*;
@@ -139,7 +156,8 @@ pub fn stock_schema() -> Arc<TableSchema> {
     .expect("the stock schema is valid")
 }
 
-/// The DDL of the replay workload's tables, in table-id order: stock (0), orderline (1).
+/// The DDL of the replay workload's tables, in table-id order: stock (0), orderline (1),
+/// district (2, the small table a freshness monitor reads).
 pub const REPLAY_DDL: &str = "
 CREATE TABLE stock (
     s_i_id INT NOT NULL, s_w_id INT NOT NULL, s_quantity INT NOT NULL, s_ytd DECIMAL(8,2) NOT NULL,
@@ -150,14 +168,21 @@ CREATE TABLE orderline (
     ol_i_id INT NOT NULL, ol_supply_w_id INT NOT NULL, ol_delivery_d TIMESTAMP,
     ol_quantity INT NOT NULL, ol_amount DECIMAL(6,2) NOT NULL, ol_dist_info CHAR(24) NOT NULL,
     fresh_ts TIMESTAMP NOT NULL,
-    PRIMARY KEY (ol_w_id, ol_d_id, ol_o_id, ol_number));";
+    PRIMARY KEY (ol_w_id, ol_d_id, ol_o_id, ol_number));
+CREATE TABLE district (
+    d_id INT NOT NULL, d_w_id INT NOT NULL, d_next_o_id INT NOT NULL, fresh_ts TIMESTAMP NOT NULL,
+    PRIMARY KEY (d_w_id, d_id));";
+
+/// The `fresh_ts` column of every table of [`REPLAY_DDL`].
+pub const REPLAY_FRESH_TS: [usize; 3] = [6, 10, 3];
 
 /// Items per warehouse in TPC-C.
 pub const ITEMS: i64 = 100_000;
 
-/// The replay workload: a stock load (transactions of 1,000 inserts), then NewOrder-shaped
-/// transactions: 5..=15 order lines inserted and as many stock rows updated, items drawn with
-/// NURand(8191). Table 0 is stock, table 1 orderline (see [`REPLAY_DDL`]).
+/// The replay workload: a stock and district load (transactions of 1,000 inserts), then
+/// NewOrder-shaped transactions: the district's next order id updated, 5..=15 order lines
+/// inserted and as many stock rows updated, items drawn with NURand(8191). Table ids as in
+/// [`REPLAY_DDL`].
 pub fn replay_workload(
     seed: u64,
     warehouses: i64,
@@ -189,6 +214,14 @@ pub fn replay_workload(
             }
         }
     }
+    for w in 1..=warehouses {
+        for d in 1..=10 {
+            load.push(TableOp {
+                table: 2,
+                op: RowOp::Insert(district(w, d, 1, now)),
+            });
+        }
+    }
     if !load.is_empty() {
         txns.push(load);
     }
@@ -204,7 +237,14 @@ pub fn replay_workload(
         while items.len() < lines {
             items.insert(nurand(&mut rng, 8191, 1, ITEMS));
         }
-        let mut ops = Vec::with_capacity(lines * 2);
+        let mut ops = Vec::with_capacity(lines * 2 + 1);
+        ops.push(TableOp {
+            table: 2,
+            op: RowOp::Update {
+                before: district(w, d, o, now),
+                after: district(w, d, o + 1, now + n as i64 * 1000),
+            },
+        });
         for (k, &i) in items.iter().enumerate() {
             let qty = rng.random_range(1..=10);
             let before = stock.get(&(w, i)).expect("loaded").clone();
@@ -242,6 +282,15 @@ pub fn replay_workload(
         txns.push(ops);
     }
     txns
+}
+
+fn district(w: i64, d: i64, next_o: i64, fresh_us: i64) -> Vec<Value> {
+    vec![
+        Value::Int(d),
+        Value::Int(w),
+        Value::Int(next_o),
+        Value::Timestamp(fresh_us),
+    ]
 }
 
 /// Writes transactions as Debezium JSON lines (bare payloads with BEGIN/END metadata; decimals
@@ -353,6 +402,7 @@ mod tests {
         let mut shard = retina_storage::Shard::new(0, Default::default()).unwrap();
         shard.add_table(stock_schema());
         shard.add_table(orderline_schema());
+        shard.add_table(district_schema());
         for (i, t) in a.iter().enumerate() {
             let ts = retina_storage::Timestamp::new(i as u64 + 2).unwrap();
             shard.apply(ts, t).unwrap();
@@ -361,7 +411,7 @@ mod tests {
         let mut json = Vec::new();
         write_debezium(
             &mut json,
-            &[stock_schema(), orderline_schema()],
+            &[stock_schema(), orderline_schema(), district_schema()],
             &a[a.len() - 2..],
         )
         .unwrap();

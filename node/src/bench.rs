@@ -5,6 +5,7 @@
 use std::io::BufWriter;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -39,6 +40,18 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Freshness the BENCH.md way: the workload emitted at fixed rates, a monitor querying
+    /// `max(fresh_ts)` of the district table through the Cap'n Proto path every 100 ms.
+    Freshness {
+        /// Rows per second to emit, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000,80000")]
+        rates: Vec<u64>,
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -63,6 +76,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             requests,
             in_flight,
         } => bitmaps(requests, in_flight),
+        BenchCommand::Freshness {
+            rates,
+            seconds,
+            shards,
+        } => freshness(&rates, seconds, shards),
     }
 }
 
@@ -181,6 +199,156 @@ fn replay(
         "(this machine: {} cores; results appended to bench/results/replay.jsonl)",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    Ok(())
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Freshness samples start this long after the driver does.
+const WARM_UP_US: i64 = 1_000_000;
+
+fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
+    use retina_bench::ch::REPLAY_FRESH_TS;
+    use retina_storage::{RowOp, Value};
+    println!(
+        "{:>10} {:>14} {:>14} {:>9}",
+        "rows/s", "P50 ms", "P99 ms", "samples"
+    );
+    for &rate in rates {
+        let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
+        let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+        let node = Node::start(NodeOptions {
+            data_dir: dir.path().join("data"),
+            catalog,
+            settings: Settings {
+                shards,
+                ..Settings::default()
+            },
+            listen: Some("127.0.0.1:0".parse()?),
+            auth_token: None,
+        })?;
+        let h = node.handle().clone();
+        // About 22 rows per NewOrder; enough for the run and a margin.
+        let new_orders = (rate * seconds / 20 + 1000) as usize;
+        let mut txns = replay_workload(7, 1, new_orders);
+        let load_txns = txns.len() - new_orders;
+        let load: Vec<_> = txns.drain(..load_txns).collect();
+        let ts = h.submit(&load, &[])?;
+        anyhow::ensure!(
+            h.wait_visible(*ts.end(), Duration::from_secs(60)),
+            "the load did not finish"
+        );
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let driver = {
+            let h = h.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let start = Instant::now();
+                let mut sent = 0u64;
+                let mut pending = txns.into_iter();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Every transaction due by now, stamped with the time it is emitted.
+                    let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                    let mut group = Vec::new();
+                    while sent < due {
+                        let Some(mut txn) = pending.next() else { break };
+                        let stamp = now_us();
+                        for op in &mut txn {
+                            let col = REPLAY_FRESH_TS[op.table as usize];
+                            match &mut op.op {
+                                RowOp::Insert(r) | RowOp::Update { after: r, .. } => {
+                                    r[col] = Value::Timestamp(stamp)
+                                }
+                                RowOp::Delete(_) => {}
+                            }
+                        }
+                        sent += txn.len() as u64;
+                        group.push(txn);
+                    }
+                    if group.is_empty() {
+                        std::thread::sleep(Duration::from_micros(200));
+                    } else {
+                        h.submit(&group, &[])?;
+                    }
+                }
+                Ok(())
+            })
+        };
+        let addr = node.coordinator_addr().expect("listening");
+        let lake = dir.path().join("data/lake");
+        let driver_start = now_us();
+        let mut samples: Vec<f64> = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .io_memory(512 << 10)
+            .spawn(move || async move {
+                let store = retina_storage::file::local_store(&lake).expect("the lake");
+                let c = retina_node::client::coordinator(addr, "")
+                    .await
+                    .expect("coordinator");
+                let mut samples = Vec::new();
+                let end = Instant::now() + Duration::from_secs(seconds);
+                while Instant::now() < end {
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                    let start = now_us();
+                    let (q, _) = retina_node::client::begin(&c).await.expect("a query");
+                    let (_, batches) = retina_node::client::read_at(
+                        &c,
+                        "",
+                        store.as_ref(),
+                        "district",
+                        q,
+                        Some(&[REPLAY_FRESH_TS[2]]),
+                    )
+                    .await
+                    .expect("a read");
+                    let _ = retina_node::client::end(&c, q).await;
+                    let newest = batches
+                        .iter()
+                        .filter_map(|b| {
+                            arrow::compute::max(
+                                b.column(0)
+                                    .as_any()
+                                    .downcast_ref::<arrow::array::TimestampMicrosecondArray>()?,
+                            )
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    // The first second is warm-up (the driver catching up to its rate).
+                    if newest >= driver_start + WARM_UP_US {
+                        samples.push((start - newest) as f64 / 1000.0);
+                    }
+                }
+                samples
+            })
+            .map_err(|e| anyhow::anyhow!("monitor executor: {e}"))?
+            .join()
+            .map_err(|e| anyhow::anyhow!("monitor executor: {e}"))?;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        driver
+            .join()
+            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        anyhow::ensure!(!samples.is_empty(), "no freshness sample");
+        let p50 = median(&mut samples);
+        let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+        println!("{rate:>10} {p50:>14.1} {p99:>14.1} {:>9}", samples.len());
+        let _ = record(
+            "freshness",
+            &format!("p50_ms_at_{rate}_rows_per_s"),
+            p50,
+            "ms",
+        );
+        let _ = record(
+            "freshness",
+            &format!("p99_ms_at_{rate}_rows_per_s"),
+            p99,
+            "ms",
+        );
+        node.shutdown();
+    }
     Ok(())
 }
 
