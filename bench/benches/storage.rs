@@ -345,5 +345,80 @@ fn sizes(_: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, sizes, write_buffer, visibility, index, shard);
+/// VFoR overhead: the same scan-and-sum over the same Parquet file, as a plain reader does it
+/// (every row) and through VFoR at a snapshot (row-group statistics, the deleted bitmap of 1%
+/// of the rows, the `_create_ts` filter where a row group needs it).
+fn vfor(c: &mut Criterion) {
+    use arrow::array::{AsArray, types::Decimal128Type};
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let schema = orderline_schema();
+    let config = StorageConfig::default();
+    let rows: Vec<_> = OrderLines::new(5, 10).take(1 << 20).collect();
+    let mut buf = WriteBuffer::new(schema.clone(), &config);
+    buf.start_file(retina_storage::FileId::new(0, 0));
+    for (i, r) in rows.iter().enumerate() {
+        buf.append(r, ts(i as u64 / 13 + 2));
+    }
+    let batches: Vec<_> = buf.take_flush_jobs().into_iter().map(|j| j.batch).collect();
+    let bytes = file::encode(&schema, &batches, file::writer_properties(&config)).unwrap();
+    let mut vis = retina_storage::FileVisibility::new(config.tile_rows).unwrap();
+    vis.extend_to(rows.len() as u64);
+    let last = rows.len() as u64 / 13 + 2;
+    for (k, off) in (0..rows.len() as u64).step_by(100).enumerate() {
+        vis.delete(off, ts(last + 1 + k as u64)).unwrap();
+    }
+    let newest = ts(last + 1 + rows.len() as u64 / 100);
+    let amount = schema.column_index("ol_amount").unwrap();
+    let sum = |b: &arrow::record_batch::RecordBatch| -> i128 {
+        b.column(0)
+            .as_primitive::<Decimal128Type>()
+            .values()
+            .iter()
+            .sum()
+    };
+    let mut g = c.benchmark_group("vfor");
+    g.throughput(Throughput::Elements(rows.len() as u64));
+    g.sample_size(20);
+    g.bench_function("plain_scan_sum", |b| {
+        b.iter(|| {
+            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).unwrap();
+            let mask = ProjectionMask::roots(builder.parquet_schema(), [amount]);
+            let total: i128 = builder
+                .with_projection(mask)
+                .build()
+                .unwrap()
+                .map(|b| sum(&b.unwrap()))
+                .sum();
+            black_box(total)
+        })
+    });
+    let mut deleted = Vec::new();
+    vis.bitmap_range(0, rows.len() as u64, newest, &mut deleted)
+        .unwrap();
+    g.bench_function("vfor_scan_sum_newest", |b| {
+        b.iter(|| {
+            let out = file::read_visible(bytes.clone(), &schema, newest, &deleted, Some(&[amount]))
+                .unwrap();
+            black_box(out.iter().map(&sum).sum::<i128>())
+        })
+    });
+    // A snapshot inside the last row group: the `_create_ts` filter runs there.
+    let mid = ts(last - 1000);
+    let mut deleted_mid = Vec::new();
+    vis.bitmap_range(0, rows.len() as u64, mid, &mut deleted_mid)
+        .unwrap();
+    g.bench_function("vfor_scan_sum_mid_row_group", |b| {
+        b.iter(|| {
+            let out =
+                file::read_visible(bytes.clone(), &schema, mid, &deleted_mid, Some(&[amount]))
+                    .unwrap();
+            black_box(out.iter().map(&sum).sum::<i128>())
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, sizes, write_buffer, visibility, index, shard, vfor);
 criterion_main!(benches);

@@ -159,37 +159,64 @@ pub fn read_visible(
         while j < groups.len() && groups[j].read_at(snapshot) == kind {
             j += 1;
         }
-        if kind != RowGroupRead::Skip {
+        let descr = meta.metadata().file_metadata().schema_descr_ptr();
+        let builder = || {
+            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes.clone(), meta.clone())
+                .with_row_groups((i..j).collect())
+                .with_projection(ProjectionMask::roots(&descr, columns.iter().copied()))
+        };
+        if kind == RowGroupRead::Bitmap {
+            // Every row of these row groups was created by the snapshot: decode them whole and
+            // drop deleted rows with the bitmap as a mask, a vectorized AND over words. (A row
+            // selection of scattered deletes makes the decoder stop and start at every one.)
+            let mut row = groups[i].offset;
+            for batch in builder().build()? {
+                let batch = batch?;
+                let n = batch.num_rows() as u64;
+                out.push(mask_deleted(&batch, deleted, row)?);
+                row += n;
+            }
+        } else if kind == RowGroupRead::BitmapAndCreateTs {
             let mut selectors = Vec::new();
             for g in &groups[i..j] {
                 select_live(deleted, g.offset, g.rows, &mut selectors);
             }
-            let descr = meta.metadata().file_metadata().schema_descr_ptr();
-            let mut builder =
-                ParquetRecordBatchReaderBuilder::new_with_metadata(bytes.clone(), meta.clone())
-                    .with_row_groups((i..j).collect())
-                    .with_row_selection(RowSelection::from(selectors))
-                    .with_projection(ProjectionMask::roots(&descr, columns.iter().copied()));
-            if kind == RowGroupRead::BitmapAndCreateTs {
-                let ts_mask = ProjectionMask::roots(&descr, [schema.create_ts_index()]);
-                let s = snapshot.get();
-                let predicate = ArrowPredicateFn::new(ts_mask, move |batch: RecordBatch| {
-                    let ts = batch
-                        .column(0)
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .expect("`_create_ts` is int64");
-                    Ok(created_by(ts, s))
-                });
-                builder = builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
-            }
-            for batch in builder.build()? {
+            // Some rows were created after the snapshot: the `_create_ts` filter and the bitmap
+            // (as a row selection) both apply; this is at most the newest row group or two.
+            let ts_mask = ProjectionMask::roots(&descr, [schema.create_ts_index()]);
+            let s = snapshot.get();
+            let predicate = ArrowPredicateFn::new(ts_mask, move |batch: RecordBatch| {
+                let ts = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .expect("`_create_ts` is int64");
+                Ok(created_by(ts, s))
+            });
+            let reader = builder()
+                .with_row_selection(RowSelection::from(selectors))
+                .with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
+            for batch in reader.build()? {
                 out.push(batch?);
             }
         }
         i = j;
     }
     Ok(out)
+}
+
+/// `batch` (rows `first ..` of the file) without the rows `deleted` marks.
+fn mask_deleted(batch: &RecordBatch, deleted: &[u64], first: u64) -> Result<RecordBatch> {
+    let n = batch.num_rows();
+    let (start, end) = (first as usize, first as usize + n);
+    let words = &deleted[start / 64..end.div_ceil(64).min(deleted.len())];
+    if words.iter().all(|&w| w == 0) {
+        return Ok(batch.clone());
+    }
+    let bits = arrow::buffer::Buffer::from_slice_ref(words);
+    let deleted = arrow::buffer::BooleanBuffer::new(bits, start % 64, n);
+    let live = BooleanArray::new(!&deleted, None);
+    Ok(filter_record_batch(batch, &live)?)
 }
 
 /// `_create_ts <= snapshot`, row by row.
