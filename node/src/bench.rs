@@ -116,16 +116,19 @@ fn replay(
         };
         let mut from_json = Vec::new();
         let mut from_batches = Vec::new();
-        for run in 0..runs {
-            // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
-            let data = dir.path().join(format!("json-{shards}-{run}"));
-            let node = Node::start(NodeOptions {
-                data_dir: data.clone(),
+        let start_node = |data: &std::path::Path| {
+            Node::start(NodeOptions {
+                data_dir: data.to_path_buf(),
                 catalog: catalog.clone(),
                 settings: settings.clone(),
                 listen: None,
                 auth_token: None,
-            })?;
+            })
+        };
+        for run in 0..runs {
+            // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
+            let data = dir.path().join(format!("json-{shards}-{run}"));
+            let node = start_node(&data)?;
             let options = SinkOptions {
                 source: SourceSpec::File(json.clone()),
                 follow: false,
@@ -153,13 +156,7 @@ fn replay(
 
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.
             let data = dir.path().join(format!("batches-{shards}-{run}"));
-            let node = Node::start(NodeOptions {
-                data_dir: data.clone(),
-                catalog: catalog.clone(),
-                settings: settings.clone(),
-                listen: None,
-                auth_token: None,
-            })?;
+            let node = start_node(&data)?;
             let h = node.handle();
             let mut groups = Vec::new();
             let mut last = 0;
