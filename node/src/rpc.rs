@@ -39,7 +39,7 @@ pub async fn serve(
         shards,
     });
     let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
-        coordinator,
+        service: Service::Coordinator(coordinator),
         auth_token,
     });
     accept_loop(listener, bootstrap, "coordinator service").await;
@@ -56,8 +56,16 @@ pub fn check_listen(addr: SocketAddr, auth_token: Option<&str>) -> Result<(), St
     }
 }
 
+/// What a port serves: the coordinator, or one shard's scan service.
+enum Service {
+    Coordinator(coordinator::Client),
+    Scan(scan_service::Client),
+}
+
+/// Every port's bootstrap: checks the token, hands out the port's service, and answers a
+/// request for the other service with a typed `wrongService`.
 struct Bootstrap {
-    coordinator: coordinator::Client,
+    service: Service,
     auth_token: Option<String>,
 }
 
@@ -85,10 +93,14 @@ impl bootstrap::Server for Bootstrap {
         let outcome = (|| {
             let token = params.get()?.get_auth_token()?.to_str()?;
             let mut result = results.get().init_result();
-            if token_matches(self.auth_token.as_deref(), token) {
-                result.set_ok(self.coordinator.clone());
-            } else {
-                result.init_error().set_unauthorized(());
+            match &self.service {
+                _ if !token_matches(self.auth_token.as_deref(), token) => {
+                    result.init_error().set_unauthorized(())
+                }
+                Service::Coordinator(c) => result.set_ok(c.clone()),
+                Service::Scan(_) => result.init_error().set_wrong_service(
+                    "this is a shard's scan-service port; the coordinator has its own",
+                ),
             }
             Ok(())
         })();
@@ -97,13 +109,24 @@ impl bootstrap::Server for Bootstrap {
 
     fn scan_service(
         self: Rc<Self>,
-        _: bootstrap::ScanServiceParams,
+        params: bootstrap::ScanServiceParams,
         mut results: bootstrap::ScanServiceResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        results.get().init_result().init_error().set_wrong_service(
-            "this is the coordinator's port; scan services listen on each shard's",
-        );
-        std::future::ready(Ok(()))
+        let outcome = (|| {
+            let token = params.get()?.get_auth_token()?.to_str()?;
+            let mut result = results.get().init_result();
+            match &self.service {
+                _ if !token_matches(self.auth_token.as_deref(), token) => {
+                    result.init_error().set_unauthorized(())
+                }
+                Service::Scan(s) => result.set_ok(s.clone()),
+                Service::Coordinator(_) => result.init_error().set_wrong_service(
+                    "this is the coordinator's port; scan services listen on each shard's",
+                ),
+            }
+            Ok(())
+        })();
+        std::future::ready(outcome)
     }
 }
 
@@ -251,7 +274,10 @@ pub async fn serve_scan(
     auth_token: Option<String>,
 ) {
     let scan: scan_service::Client = capnp_rpc::new_client(ScanService { shard });
-    let bootstrap: bootstrap::Client = capnp_rpc::new_client(ScanBootstrap { scan, auth_token });
+    let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
+        service: Service::Scan(scan),
+        auth_token,
+    });
     accept_loop(listener, bootstrap, "scan service").await;
 }
 
@@ -286,44 +312,6 @@ async fn accept_loop(
             }
         })
         .detach();
-    }
-}
-
-struct ScanBootstrap {
-    scan: scan_service::Client,
-    auth_token: Option<String>,
-}
-
-impl bootstrap::Server for ScanBootstrap {
-    fn coordinator(
-        self: Rc<Self>,
-        _: bootstrap::CoordinatorParams,
-        mut results: bootstrap::CoordinatorResults,
-    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        results
-            .get()
-            .init_result()
-            .init_error()
-            .set_wrong_service("this is a shard's scan-service port; the coordinator has its own");
-        std::future::ready(Ok(()))
-    }
-
-    fn scan_service(
-        self: Rc<Self>,
-        params: bootstrap::ScanServiceParams,
-        mut results: bootstrap::ScanServiceResults,
-    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let outcome = (|| {
-            let token = params.get()?.get_auth_token()?.to_str()?;
-            let mut result = results.get().init_result();
-            if token_matches(self.auth_token.as_deref(), token) {
-                result.set_ok(self.scan.clone());
-            } else {
-                result.init_error().set_unauthorized(());
-            }
-            Ok(())
-        })();
-        std::future::ready(outcome)
     }
 }
 
