@@ -92,85 +92,88 @@ fn answer(mut stream: TcpStream, body: &str) -> std::io::Result<()> {
 /// The Prometheus text exposition of the node's status.
 pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
+    let flag = |b: bool| u8::from(b).to_string();
+    let metrics: [(&str, &str, &str, String); 12] = [
+        (
+            "retina_hwm",
+            "gauge",
+            "High watermark: every transaction below it is visible.",
+            load(&s.hwm),
+        ),
+        (
+            "retina_lwm",
+            "gauge",
+            "Low watermark: no running query reads below it.",
+            load(&s.lwm),
+        ),
+        (
+            "retina_transactions_submitted_total",
+            "counter",
+            "Source transactions handed to the shards.",
+            load(&s.txns_submitted),
+        ),
+        (
+            "retina_transactions_applied_total",
+            "counter",
+            "Source transactions visible (below HWM) since the node started.",
+            load(&s.txns_applied),
+        ),
+        (
+            "retina_rows_applied_total",
+            "counter",
+            "Row operations the shards applied.",
+            load(&s.rows_applied),
+        ),
+        (
+            "retina_rows_per_second",
+            "gauge",
+            "Rows applied per second over the last second.",
+            format!("{rows_per_second:.1}"),
+        ),
+        (
+            "retina_backlog_batches",
+            "gauge",
+            "Batches sent to shards and not yet applied.",
+            load(&s.backlog_batches),
+        ),
+        (
+            "retina_duplicates_skipped_total",
+            "counter",
+            "Source transactions skipped as already applied.",
+            load(&s.duplicates_skipped),
+        ),
+        (
+            "retina_dead_lettered_total",
+            "counter",
+            "Transactions written to the dead-letter file.",
+            load(&s.dead_lettered),
+        ),
+        (
+            "retina_running_queries",
+            "gauge",
+            "Queries holding a snapshot.",
+            load(&s.running_queries),
+        ),
+        (
+            "retina_replay_stopped",
+            "gauge",
+            "1 when an error stopped replay (see the log).",
+            flag(s.error().is_some()),
+        ),
+        (
+            "retina_source_done",
+            "gauge",
+            "1 when the source reached its end.",
+            flag(s.source_done.load(Ordering::Relaxed)),
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
-    };
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
-    metric(
-        "retina_hwm",
-        "gauge",
-        "High watermark: every transaction below it is visible.",
-        load(&s.hwm),
-    );
-    metric(
-        "retina_lwm",
-        "gauge",
-        "Low watermark: no running query reads below it.",
-        load(&s.lwm),
-    );
-    metric(
-        "retina_transactions_submitted_total",
-        "counter",
-        "Source transactions handed to the shards.",
-        load(&s.txns_submitted),
-    );
-    metric(
-        "retina_transactions_applied_total",
-        "counter",
-        "Source transactions visible (below HWM) since the node started.",
-        load(&s.txns_applied),
-    );
-    metric(
-        "retina_rows_applied_total",
-        "counter",
-        "Row operations the shards applied.",
-        load(&s.rows_applied),
-    );
-    metric(
-        "retina_rows_per_second",
-        "gauge",
-        "Rows applied per second over the last second.",
-        format!("{rows_per_second:.1}"),
-    );
-    metric(
-        "retina_backlog_batches",
-        "gauge",
-        "Batches sent to shards and not yet applied.",
-        load(&s.backlog_batches),
-    );
-    metric(
-        "retina_duplicates_skipped_total",
-        "counter",
-        "Source transactions skipped as already applied.",
-        load(&s.duplicates_skipped),
-    );
-    metric(
-        "retina_dead_lettered_total",
-        "counter",
-        "Transactions written to the dead-letter file.",
-        load(&s.dead_lettered),
-    );
-    metric(
-        "retina_running_queries",
-        "gauge",
-        "Queries holding a snapshot.",
-        load(&s.running_queries),
-    );
-    metric(
-        "retina_replay_stopped",
-        "gauge",
-        "1 when an error stopped replay (see the log).",
-        u8::from(s.error().is_some()).to_string(),
-    );
-    metric(
-        "retina_source_done",
-        "gauge",
-        "1 when the source reached its end.",
-        u8::from(s.source_done.load(Ordering::Relaxed)).to_string(),
-    );
+    }
     let _ = writeln!(
         out,
         "# HELP retina_memory_bytes Memory by shard and structure.\n# TYPE retina_memory_bytes gauge"
