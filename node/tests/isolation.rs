@@ -5,13 +5,15 @@
 //! transaction is visible to the first query that begins after HWM passes it, active
 //! write-buffer block included.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use glommio::{LocalExecutorBuilder, Placement};
+use common::on_executor;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use retina_node::catalog::Catalog;
@@ -46,17 +48,6 @@ fn start(dir: &std::path::Path) -> Node {
         auth_token: None,
     })
     .unwrap()
-}
-
-fn on_executor<T: Send + 'static, F: Future<Output = T> + 'static>(
-    f: impl FnOnce() -> F + Send + 'static,
-) -> T {
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .io_memory(512 << 10)
-        .spawn(f)
-        .unwrap()
-        .join()
-        .unwrap()
 }
 
 fn int(v: &Value) -> i64 {

@@ -2,14 +2,12 @@
 //! bootstrap with the token, list tables, begin, renew and end queries; typed errors for a bad
 //! token, the wrong service and an expired lease; no listening beyond loopback without a token.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capnp_rpc::rpc_twoparty_capnp::Side;
-use capnp_rpc::{RpcSystem, twoparty};
-use futures::AsyncReadExt;
-use glommio::{LocalExecutorBuilder, Placement};
 use retina_node::catalog::Catalog;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
@@ -41,20 +39,10 @@ fn client<T: Send + 'static, F: Future<Output = T> + 'static>(
     addr: SocketAddr,
     f: impl FnOnce(bootstrap::Client) -> F + Send + 'static,
 ) -> T {
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .io_memory(512 << 10)
-        .spawn(move || async move {
-            let stream = glommio::net::TcpStream::connect(addr).await.unwrap();
-            let (r, w) = stream.split();
-            let network = twoparty::VatNetwork::new(r, w, Side::Client, Default::default());
-            let mut rpc = RpcSystem::new(Box::new(network), None);
-            let boot: bootstrap::Client = rpc.bootstrap(Side::Server);
-            glommio::spawn_local(rpc).detach();
-            f(boot).await
-        })
-        .unwrap()
-        .join()
-        .unwrap()
+    common::on_executor(move || async move {
+        let boot = retina_node::client::bootstrap(addr).await.unwrap();
+        f(boot).await
+    })
 }
 
 async fn connect(boot: &bootstrap::Client, token: &str) -> Result<coordinator::Client, String> {
