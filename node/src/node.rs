@@ -40,10 +40,12 @@ pub enum ShardMsg {
     /// From the sink: a batch of transactions (an archived [`OpBatch`]), in timestamp order
     /// after every earlier batch. The shard applies them and reports "applied through".
     Apply(AlignedVec),
-    /// From a reader: what `table` looks like at `ts`.
+    /// From a reader: what `table` looks like at `ts`, without the regular files in `except`
+    /// (the reader has them from its scan plan).
     Snapshot {
         table: TableId,
         ts: Timestamp,
+        except: Vec<retina_storage::FileId>,
         reply: flume::Sender<retina_storage::Result<TableSnapshot>>,
     },
     /// From the scan service: bitmaps of a regular file's row groups at `ts`.
@@ -67,7 +69,7 @@ pub enum ShardMsg {
     Combined {
         table: TableId,
         job: CombineJob,
-        result: Result<Vec<RowGroupInfo>, String>,
+        result: Result<file::CombinedFile, String>,
     },
     /// From the node: stop after the messages before this one.
     Stop,
@@ -104,10 +106,43 @@ pub enum CoordMsg {
         id: QueryId,
         reply: flume::Sender<Option<Timestamp>>,
     },
+    /// From a shard: it combined a regular file of `table`; later scan plans list it.
+    FileAdded { table: TableId, file: PlanFile },
+    /// From the coordinator service: a query's scan plan of `table`. Renews the query's lease;
+    /// the reply is `None` if the query had ended or its lease ran out.
+    Plan {
+        id: QueryId,
+        table: TableId,
+        reply: flume::Sender<Option<(Timestamp, Vec<PlanFile>)>>,
+    },
     /// From the coordinator's timer: expire leases, persist HWM.
     Tick,
     /// From the node: persist and stop.
     Stop { reply: flume::Sender<()> },
+}
+
+/// The `file://` URL of the lake directory, which scan plans give readers.
+fn lake_url(lake: &std::path::Path) -> Result<String, NodeError> {
+    let abs = lake.canonicalize().map_err(|source| NodeError::DataDir {
+        path: lake.to_owned(),
+        source,
+    })?;
+    let text = abs.to_str().ok_or_else(|| NodeError::DataDir {
+        path: lake.to_owned(),
+        source: std::io::Error::other("the data directory's path is not UTF-8"),
+    })?;
+    Ok(format!("file://{}/", text.trim_end_matches('/')))
+}
+
+/// A regular file as scan plans list it.
+#[derive(Clone, Debug)]
+pub struct PlanFile {
+    pub file: retina_storage::FileId,
+    pub path: object_store::path::Path,
+    pub bytes: u64,
+    /// The shard that owns the file's visibility.
+    pub shard: u16,
+    pub row_groups: Vec<RowGroupInfo>,
 }
 
 /// Messages to the object-store I/O thread.
@@ -260,7 +295,9 @@ impl Node {
             path: options.data_dir.clone(),
             source,
         })?;
-        let store = local_store(&options.data_dir.join("lake"))?;
+        let lake = options.data_dir.join("lake");
+        let store = local_store(&lake)?;
+        let store_url = lake_url(&lake)?;
         let state_file = StateFile::new(&options.data_dir);
         let mut persisted = state_file.load()?;
         // Each run gets file ids of its own: an earlier run's files are never overwritten.
@@ -377,6 +414,7 @@ impl Node {
             let rpc_catalog = options.catalog.clone();
             let token = options.auth_token.clone();
             let endpoints = scan_addrs.clone();
+            let store_url = store_url.clone();
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
@@ -397,6 +435,7 @@ impl Node {
                                 token,
                                 lease,
                                 endpoints,
+                                store_url,
                             ))
                             .detach();
                         }
@@ -679,6 +718,7 @@ impl NodeHandle {
             s.send(ShardMsg::Snapshot {
                 table,
                 ts,
+                except: Vec::new(),
                 reply: tx,
             })
             .map_err(|_| NodeError::Stopped)?;
@@ -732,6 +772,11 @@ async fn coordinator_main(
     })
     .detach();
     let mut dirty = false;
+    // The regular files of each table, as the shards report them.
+    let mut files: std::collections::HashMap<
+        TableId,
+        std::collections::BTreeMap<retina_storage::FileId, PlanFile>,
+    > = Default::default();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             CoordMsg::Allocate { n, reply } => {
@@ -769,6 +814,19 @@ async fn coordinator_main(
             }
             CoordMsg::RenewQuery { id, reply } => {
                 let _ = reply.send(state.renew_query(id, now_ms(), lease_ms));
+            }
+            CoordMsg::FileAdded { table, file } => {
+                files.entry(table).or_default().insert(file.file, file);
+            }
+            CoordMsg::Plan { id, table, reply } => {
+                let plan = state.renew_query(id, now_ms(), lease_ms).map(|snapshot| {
+                    let listed = files
+                        .get(&table)
+                        .map(|f| f.values().cloned().collect())
+                        .unwrap_or_default();
+                    (snapshot, listed)
+                });
+                let _ = reply.send(plan);
             }
             CoordMsg::EndQuery { id, reply } => {
                 let running = state.end_query(id);
@@ -879,8 +937,13 @@ async fn shard_main(
                     stopped = !on_apply(&ctx, &mut shard, &bytes, &mut scratch);
                 }
             }
-            ShardMsg::Snapshot { table, ts, reply } => {
-                let _ = reply.send(shard.snapshot(table, ts));
+            ShardMsg::Snapshot {
+                table,
+                ts,
+                except,
+                reply,
+            } => {
+                let _ = reply.send(shard.snapshot_except(table, ts, &except));
             }
             ShardMsg::Bitmaps {
                 file,
@@ -907,7 +970,24 @@ async fn shard_main(
                 }
             },
             ShardMsg::Combined { table, job, result } => match result {
-                Ok(groups) => shard.combine_done(table, job, groups),
+                Ok(combined) => {
+                    // The coordinator lists the file in later scan plans; until it has it,
+                    // the scan service hands the file out with the write buffer.
+                    let _ = ctx
+                        .coord
+                        .send_async(CoordMsg::FileAdded {
+                            table,
+                            file: PlanFile {
+                                file: job.file,
+                                path: job.target.clone(),
+                                bytes: combined.bytes,
+                                shard: ctx.id,
+                                row_groups: combined.groups.clone(),
+                            },
+                        })
+                        .await;
+                    shard.combine_done(table, job, combined.groups)
+                }
                 Err(e) => {
                     tracing::warn!(
                         "shard {}: combining file {} failed, will retry: {e}",

@@ -1,10 +1,8 @@
-//! The coordinator's Cap'n Proto service (`protocol/schema/retina.capnp`), served on the
-//! coordinator's executor: a client bootstraps with the auth token, then begins, renews and
-//! ends queries and lists tables. Each call is a message to the coordinator actor, so the
-//! service holds no state of its own.
-//!
-//! Scan plans and the shards' scan services are part of the contract but not served yet: the
-//! generated default answers those calls with an "unimplemented" RPC error.
+//! The Cap'n Proto services (`protocol/schema/retina.capnp`). The coordinator service runs on
+//! the coordinator's executor: a client bootstraps with the auth token, then begins, renews and
+//! ends queries, lists tables and asks for scan plans. Each shard's scan service runs beside
+//! the shard on its core and answers bitmaps and write buffers. Each call is a message to the
+//! actor, so no service holds state of its own.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -31,12 +29,14 @@ pub async fn serve(
     auth_token: Option<String>,
     lease_ms: u64,
     shards: Vec<SocketAddr>,
+    store_url: String,
 ) {
     let coordinator: coordinator::Client = capnp_rpc::new_client(CoordinatorService {
         coord,
         catalog,
         lease_ms,
         shards,
+        store_url,
     });
     let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
         service: Service::Coordinator(coordinator),
@@ -136,6 +136,8 @@ struct CoordinatorService {
     lease_ms: u64,
     /// Each shard's scan-service address, by shard.
     shards: Vec<SocketAddr>,
+    /// Where the plan's paths are.
+    store_url: String,
 }
 
 fn stopped() -> capnp::Error {
@@ -209,9 +211,10 @@ impl coordinator::Server for CoordinatorService {
         Ok(())
     }
 
-    /// The plan names every shard's scan service and no regular file: each shard returns its
-    /// files (by path, with bitmaps) and its buffer from `writeBuffer` in one answer, so a
-    /// combination that happens while the query runs can neither hide rows nor show them twice.
+    /// The plan lists the regular files the shards have reported, with their row groups,
+    /// and names every shard's scan service for the write buffers. A file combined after the
+    /// plan was made comes back from `writeBuffer` (it is not among the plan's known files),
+    /// so no row is hidden or read twice.
     async fn scan_plan(
         self: Rc<Self>,
         params: coordinator::ScanPlanParams,
@@ -220,29 +223,50 @@ impl coordinator::Server for CoordinatorService {
         let p = params.get()?;
         let id = p.get_query_id();
         let name = p.get_table()?.to_str()?.to_owned();
-        let (tx, rx) = flume::bounded(1);
-        self.coord
-            .send_async(CoordMsg::RenewQuery { id, reply: tx })
-            .await
-            .map_err(|_| stopped())?;
-        let snapshot = rx.recv_async().await.map_err(|_| stopped())?;
         let result = results.get().init_result();
-        let Some(snapshot) = snapshot else {
-            result.init_error().set_lease_expired(id);
-            return Ok(());
-        };
         let Some(table) = self.catalog.resolve(&name) else {
             result.init_error().set_unknown_table(&name);
             return Ok(());
         };
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send_async(CoordMsg::Plan {
+                id,
+                table,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        let Some((snapshot, files)) = rx.recv_async().await.map_err(|_| stopped())? else {
+            result.init_error().set_lease_expired(id);
+            return Ok(());
+        };
         let mut plan = result.init_ok();
         plan.set_snapshot(snapshot.get());
+        plan.set_store_url(&self.store_url);
         write_table(
             plan.reborrow().init_table(),
             table,
             &self.catalog.tables()[table as usize],
         );
-        plan.reborrow().init_files(0);
+        let mut list = plan.reborrow().init_files(files.len() as u32);
+        for (i, f) in files.iter().enumerate() {
+            let mut e = list.reborrow().get(i as u32);
+            e.set_file_id(f.file.0);
+            e.set_path(f.path.as_ref());
+            e.set_bytes(f.bytes);
+            let mut owner = e.reborrow().init_owner();
+            owner.set_shard(f.shard);
+            owner.set_address(self.shards[f.shard as usize].to_string());
+            let mut groups = e.init_row_groups(f.row_groups.len() as u32);
+            for (j, g) in f.row_groups.iter().enumerate() {
+                let mut rg = groups.reborrow().get(j as u32);
+                rg.set_offset(g.offset);
+                rg.set_rows(g.rows);
+                rg.set_min_create_ts(g.min_create_ts);
+                rg.set_max_create_ts(g.max_create_ts);
+            }
+        }
         let mut buffers = plan.init_buffers(self.shards.len() as u32);
         for (i, addr) in self.shards.iter().enumerate() {
             let mut e = buffers.reborrow().get(i as u32);
@@ -324,6 +348,7 @@ impl ScanService {
         &self,
         table: u32,
         ts: u64,
+        except: Vec<retina_storage::FileId>,
     ) -> Result<retina_storage::Result<retina_storage::TableSnapshot>, capnp::Error> {
         let ts =
             retina_storage::Timestamp::new(ts).map_err(|e| capnp::Error::failed(e.to_string()))?;
@@ -332,6 +357,7 @@ impl ScanService {
             .send_async(crate::node::ShardMsg::Snapshot {
                 table,
                 ts,
+                except,
                 reply: tx,
             })
             .await
@@ -388,8 +414,14 @@ impl scan_service::Server for ScanService {
         mut results: scan_service::WriteBufferResults,
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
-        let known: Vec<u64> = p.get_known_files()?.iter().collect();
-        let snapshot = self.snapshot(p.get_table(), p.get_snapshot()).await?;
+        let known = p
+            .get_known_files()?
+            .iter()
+            .map(retina_storage::FileId)
+            .collect();
+        let snapshot = self
+            .snapshot(p.get_table(), p.get_snapshot(), known)
+            .await?;
         let result = results.get().init_result();
         let snap = match snapshot {
             Ok(s) => s,
@@ -398,13 +430,8 @@ impl scan_service::Server for ScanService {
                 return Ok(());
             }
         };
-        let parts: Vec<_> = snap
-            .parts
-            .iter()
-            .filter(|p| !known.contains(&p.file.0))
-            .collect();
-        let mut list = result.init_ok(parts.len() as u32);
-        for (i, part) in parts.iter().enumerate() {
+        let mut list = result.init_ok(snap.parts.len() as u32);
+        for (i, part) in snap.parts.iter().enumerate() {
             let mut b = list.reborrow().get(i as u32);
             b.set_file_id(part.file.0);
             b.set_offset(part.offset);

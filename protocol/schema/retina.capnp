@@ -85,6 +85,7 @@ struct FileEntry {
   path @1 :Text;         # in the object store
   owner @2 :Endpoint;    # the shard that answers bitmaps for it
   rowGroups @3 :List(RowGroup);
+  bytes @4 :UInt64;      # the object's size, so a reader can fetch its footer directly
 }
 
 struct ScanPlan {
@@ -92,6 +93,7 @@ struct ScanPlan {
   snapshot @1 :UInt64;
   files @2 :List(FileEntry);   # regular Parquet files
   buffers @3 :List(Endpoint);  # shards whose write buffers hold rows of the table
+  storeUrl @4 :Text;           # where the paths are: `file:///dir/` or `s3://bucket/prefix/`
 }
 
 struct Bitmap {

@@ -72,6 +72,14 @@ pub struct RowGroupInfo {
     pub max_create_ts: u64,
 }
 
+/// A regular file as [`combine_blocks`] wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CombinedFile {
+    pub groups: Vec<RowGroupInfo>,
+    /// The object's size.
+    pub bytes: u64,
+}
+
 /// How VFoR reads a row group at a snapshot.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum RowGroupRead {
@@ -302,7 +310,7 @@ pub async fn combine_blocks(
     schema: &TableSchema,
     config: &StorageConfig,
     job: &CombineJob,
-) -> Result<Vec<RowGroupInfo>> {
+) -> Result<CombinedFile> {
     let mut batches = Vec::new();
     for path in &job.blocks {
         let bytes = store.get(path).await?.bytes().await?;
@@ -327,8 +335,12 @@ pub async fn combine_blocks(
             reason: format!("{written} rows encoded, {} expected", job.rows),
         });
     }
+    let size = bytes.len() as u64;
     store.put(&job.target, PutPayload::from(bytes)).await?;
-    Ok(groups)
+    Ok(CombinedFile {
+        groups,
+        bytes: size,
+    })
 }
 
 /// Reads a whole object.

@@ -474,6 +474,17 @@ impl Shard {
     /// What a query at `snapshot` reads of `table`. A snapshot newer than the applied
     /// timestamp, or older than the last fold, is refused.
     pub fn snapshot(&self, table: TableId, snapshot: Timestamp) -> Result<TableSnapshot> {
+        self.snapshot_except(table, snapshot, &[])
+    }
+
+    /// [`Self::snapshot`] without the regular files in `known` (a query reads those by their
+    /// row groups, from the coordinator's plan).
+    pub fn snapshot_except(
+        &self,
+        table: TableId,
+        snapshot: Timestamp,
+        known: &[FileId],
+    ) -> Result<TableSnapshot> {
         if snapshot > self.applied_through {
             return Err(StorageError::SnapshotInFuture {
                 requested: snapshot,
@@ -483,6 +494,9 @@ impl Shard {
         let t = self.table(table)?;
         let mut parts = Vec::new();
         for (&id, entry) in &t.files {
+            if known.contains(&id) {
+                continue;
+            }
             if let Some(groups) = &entry.regular {
                 let rows = groups.iter().map(|g| g.rows).sum();
                 let mut deleted = Vec::new();
@@ -668,7 +682,7 @@ impl Shard {
         for (t, job) in self.take_combine_jobs() {
             let schema = self.tables[t as usize].schema.clone();
             match file::combine_blocks(store, &schema, &self.config, &job).await {
-                Ok(groups) => self.combine_done(t, job, groups),
+                Ok(combined) => self.combine_done(t, job, combined.groups),
                 Err(e) => {
                     self.combine_failed(t, job.file);
                     first_error.get_or_insert(e);
