@@ -15,8 +15,8 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 use retina_protocol::query::read_table;
 use retina_protocol::retina_capnp::{
-    bootstrap, buffer_part, buffer_result, coordinator, coordinator_result, done, error,
-    query_result, scan_plan_result, scan_service, scan_service_result,
+    bitmaps_result, bootstrap, buffer_part, buffer_result, coordinator, coordinator_result, done,
+    error, query_result, scan_plan_result, scan_service, scan_service_result,
 };
 use retina_storage::file::{Projection, filter_visible, get, read_visible};
 use retina_storage::{TableSchema, Timestamp};
@@ -27,12 +27,17 @@ pub enum ClientError {
     Connect { addr: SocketAddr, reason: String },
     #[error("RPC: {0}")]
     Rpc(#[from] capnp::Error),
+    /// The node answered with a typed error.
     #[error("{0}")]
-    Refused(String),
+    Refused(Refusal),
+    #[error("a bad scan plan: {0}")]
+    BadPlan(String),
     #[error(transparent)]
     Storage(#[from] retina_storage::StorageError),
     #[error("arrow: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
+    #[error("the client's connection thread stopped")]
+    Closed,
 }
 
 impl From<std::str::Utf8Error> for ClientError {
@@ -47,32 +52,71 @@ impl From<capnp::NotInSchema> for ClientError {
     }
 }
 
+/// The contract's typed `Error`, owned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("unknown table {0}")]
+    UnknownTable(String),
+    #[error(
+        "snapshot {requested} is too old: visibility was folded up to {oldest}; begin a new query"
+    )]
+    SnapshotTooOld { requested: u64, oldest: u64 },
+    #[error("snapshot {requested} is in the future: applied through {applied_through}")]
+    SnapshotInFuture {
+        requested: u64,
+        applied_through: u64,
+    },
+    #[error("the lease of query {0} expired")]
+    LeaseExpired(u64),
+    #[error("file {0:016x} is gone: ask for a new plan")]
+    UnknownFile(u64),
+    #[error("unauthorized: wrong or missing auth token")]
+    Unauthorized,
+    #[error("wrong service: {0}")]
+    WrongService(String),
+    #[error("node error: {0}")]
+    Internal(String),
+    #[error("an error this client does not know ({0})")]
+    Unknown(String),
+}
+
+impl Refusal {
+    pub fn read(e: error::Reader<'_>) -> Refusal {
+        let text = |t: capnp::Result<capnp::text::Reader<'_>>| {
+            t.ok()
+                .and_then(|t| t.to_str().ok().map(str::to_owned))
+                .unwrap_or_default()
+        };
+        match e.which() {
+            Ok(error::Which::UnknownTable(t)) => Refusal::UnknownTable(text(t)),
+            Ok(error::Which::SnapshotTooOld(g)) => Refusal::SnapshotTooOld {
+                requested: g.get_requested(),
+                oldest: g.get_oldest(),
+            },
+            Ok(error::Which::SnapshotInFuture(g)) => Refusal::SnapshotInFuture {
+                requested: g.get_requested(),
+                applied_through: g.get_applied_through(),
+            },
+            Ok(error::Which::LeaseExpired(id)) => Refusal::LeaseExpired(id),
+            Ok(error::Which::UnknownFile(id)) => Refusal::UnknownFile(id),
+            Ok(error::Which::Unauthorized(())) => Refusal::Unauthorized,
+            Ok(error::Which::WrongService(t)) => Refusal::WrongService(text(t)),
+            Ok(error::Which::Internal(t)) => Refusal::Internal(text(t)),
+            Err(e) => Refusal::Unknown(e.to_string()),
+        }
+    }
+}
+
+pub(crate) fn refused(e: capnp::Result<error::Reader<'_>>) -> ClientError {
+    match e {
+        Ok(e) => ClientError::Refused(Refusal::read(e)),
+        Err(e) => ClientError::Rpc(e),
+    }
+}
+
 /// The typed error as a sentence.
 pub fn describe(e: error::Reader<'_>) -> String {
-    let text = |t: capnp::Result<capnp::text::Reader<'_>>| {
-        t.ok()
-            .and_then(|t| t.to_str().ok().map(str::to_owned))
-            .unwrap_or_default()
-    };
-    match e.which() {
-        Ok(error::Which::UnknownTable(t)) => format!("unknown table {}", text(t)),
-        Ok(error::Which::SnapshotTooOld(g)) => format!(
-            "snapshot {} is too old: visibility was folded up to {}; begin a new query",
-            g.get_requested(),
-            g.get_oldest()
-        ),
-        Ok(error::Which::SnapshotInFuture(g)) => format!(
-            "snapshot {} is in the future: applied through {}",
-            g.get_requested(),
-            g.get_applied_through()
-        ),
-        Ok(error::Which::LeaseExpired(id)) => format!("the lease of query {id} expired"),
-        Ok(error::Which::UnknownFile(id)) => format!("file {id:016x} is gone: ask for a new plan"),
-        Ok(error::Which::Unauthorized(())) => "unauthorized: wrong or missing auth token".into(),
-        Ok(error::Which::WrongService(t)) => format!("wrong service: {}", text(t)),
-        Ok(error::Which::Internal(t)) => format!("node error: {}", text(t)),
-        Err(e) => format!("an error this client does not know ({e})"),
-    }
+    Refusal::read(e).to_string()
 }
 
 /// Bootstraps on `addr` and returns its bootstrap capability.
@@ -107,7 +151,7 @@ pub async fn coordinator(
     let resp = req.send().promise.await?;
     match resp.get()?.get_result()?.which()? {
         coordinator_result::Which::Ok(c) => Ok(c?),
-        coordinator_result::Which::Error(e) => Err(ClientError::Refused(describe(e?))),
+        coordinator_result::Which::Error(e) => Err(refused(e)),
     }
 }
 
@@ -122,7 +166,7 @@ pub async fn scan_service(
     let resp = req.send().promise.await?;
     match resp.get()?.get_result()?.which()? {
         scan_service_result::Which::Ok(c) => Ok(c?),
-        scan_service_result::Which::Error(e) => Err(ClientError::Refused(describe(e?))),
+        scan_service_result::Which::Error(e) => Err(refused(e)),
     }
 }
 
@@ -141,7 +185,7 @@ pub async fn begin(coordinator: &coordinator::Client) -> Result<(u64, Timestamp)
             let q = q?;
             Ok((q.get_id(), Timestamp::new(q.get_snapshot())?))
         }
-        query_result::Which::Error(e) => Err(ClientError::Refused(describe(e?))),
+        query_result::Which::Error(e) => Err(refused(e)),
     }
 }
 
@@ -151,7 +195,7 @@ pub async fn end(coordinator: &coordinator::Client, query: u64) -> Result<(), Cl
     req.get().set_query_id(query);
     let resp = req.send().promise.await?;
     if let done::Which::Error(e) = resp.get()?.get_result()?.which()? {
-        return Err(ClientError::Refused(describe(e?)));
+        return Err(refused(e));
     }
     Ok(())
 }
@@ -191,18 +235,47 @@ pub async fn read_at(
     let resp = req.send().promise.await?;
     let plan = match resp.get()?.get_result()?.which()? {
         scan_plan_result::Which::Ok(p) => p?,
-        scan_plan_result::Which::Error(e) => return Err(ClientError::Refused(describe(e?))),
+        scan_plan_result::Which::Error(e) => return Err(refused(e)),
     };
     let snapshot = Timestamp::new(plan.get_snapshot())?;
     let (table_id, schema) = read_table(plan.get_table()?)?;
     let known: Vec<u64> = plan.get_files()?.iter().map(|f| f.get_file_id()).collect();
     let mut out = Vec::new();
-    for endpoint in plan.get_buffers()? {
-        let addr: SocketAddr = endpoint
-            .get_address()?
-            .to_str()?
-            .parse()
-            .map_err(|e| ClientError::Refused(format!("a bad endpoint in the plan: {e}")))?;
+    // The plan's regular files, whole, with the owner's bitmaps of all their row groups.
+    for f in plan.get_files()? {
+        let groups = f.get_row_groups()?;
+        let owner = endpoint(f.get_owner()?.get_address()?.to_str()?)?;
+        let scan = scan_service(owner, token).await?;
+        let mut req = scan.bitmaps_request();
+        req.get().set_file_id(f.get_file_id());
+        req.get().set_snapshot(snapshot.get());
+        let mut list = req.get().init_row_groups(groups.len());
+        for g in 0..groups.len() {
+            list.set(g, g);
+        }
+        let resp = req.send().promise.await?;
+        let bitmaps = match resp.get()?.get_result()?.which()? {
+            bitmaps_result::Which::Ok(b) => b?,
+            bitmaps_result::Which::Error(e) => return Err(refused(e)),
+        };
+        let mut deleted = Vec::new();
+        let mut rows = 0u64;
+        for b in bitmaps {
+            append_bits(
+                &mut deleted,
+                rows,
+                &crate::connection::words(b.get_deleted()?),
+                b.get_rows(),
+            );
+            rows += b.get_rows();
+        }
+        let bytes = get(store, &Path::from(f.get_path()?.to_str()?)).await?;
+        out.extend(read_visible(
+            bytes, &schema, snapshot, &deleted, projection,
+        )?);
+    }
+    for endpoint_reader in plan.get_buffers()? {
+        let addr = endpoint(endpoint_reader.get_address()?.to_str()?)?;
         let scan = scan_service(addr, token).await?;
         let mut req = scan.write_buffer_request();
         req.get().set_table(table_id);
@@ -214,14 +287,10 @@ pub async fn read_at(
         let resp = req.send().promise.await?;
         let parts = match resp.get()?.get_result()?.which()? {
             buffer_result::Which::Ok(p) => p?,
-            buffer_result::Which::Error(e) => return Err(ClientError::Refused(describe(e?))),
+            buffer_result::Which::Error(e) => return Err(refused(e)),
         };
         for part in parts {
-            let deleted: Vec<u64> = part
-                .get_deleted()?
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
+            let deleted = crate::connection::words(part.get_deleted()?);
             match part.which()? {
                 buffer_part::Which::Memory(ipc) => {
                     let reader = arrow::ipc::reader::StreamReader::try_new(ipc?, None)?;
@@ -241,4 +310,24 @@ pub async fn read_at(
         }
     }
     Ok((schema, out))
+}
+
+/// A scan service's address as a plan gives it.
+pub(crate) fn endpoint(text: &str) -> Result<SocketAddr, ClientError> {
+    text.parse()
+        .map_err(|e| ClientError::BadPlan(format!("endpoint `{text}`: {e}")))
+}
+
+/// Appends the first `n` bits of `src` to the `len` bits of `dst`.
+fn append_bits(dst: &mut Vec<u64>, len: u64, src: &[u64], n: u64) {
+    dst.resize((len + n).div_ceil(64) as usize, 0);
+    for i in 0..n {
+        if src
+            .get((i / 64) as usize)
+            .is_some_and(|w| w >> (i % 64) & 1 == 1)
+        {
+            let at = len + i;
+            dst[(at / 64) as usize] |= 1 << (at % 64);
+        }
+    }
 }

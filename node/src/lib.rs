@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod client;
+pub mod connection;
 pub mod coordinator;
 pub mod debezium;
 pub mod metrics;

@@ -1,0 +1,564 @@
+//! A connection to a node that any thread and any async runtime can use: the Cap'n Proto RPC
+//! system runs on a glommio executor on a thread of its own, and each call is a message to it
+//! with its answer in owned Rust types. Query engines on tokio (the DataFusion connector) use
+//! it; a query it begins has its lease renewed by that thread until the query ends, so a
+//! client that dies leaves a lease that runs out, and LWM moves on.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::record_batch::RecordBatch;
+use glommio::{LocalExecutorBuilder, Placement};
+use retina_protocol::query::read_table;
+use retina_protocol::retina_capnp::{
+    bitmaps_result, buffer_part, buffer_result, coordinator, scan_plan_result, scan_service,
+};
+use retina_storage::file::RowGroupInfo;
+use retina_storage::{TableSchema, Timestamp};
+
+use crate::client::{self, ClientError};
+
+/// The io_uring memory of the connection's executor: it does little I/O.
+const CLIENT_IO_MEMORY: usize = 256 << 10;
+/// How long a closing connection waits for calls still in flight (an `end` above all).
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+/// A running query: its id, its snapshot, and how often its lease must be renewed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct QueryInfo {
+    pub id: u64,
+    pub snapshot: Timestamp,
+    pub lease_ms: u64,
+}
+
+/// A table as the node describes it.
+#[derive(Clone, Debug)]
+pub struct TableInfo {
+    pub id: u32,
+    pub schema: Arc<TableSchema>,
+}
+
+/// A regular file of a scan plan.
+#[derive(Clone, Debug)]
+pub struct PlannedFile {
+    pub file: u64,
+    /// The object's path under the plan's store URL.
+    pub path: String,
+    pub bytes: u64,
+    /// The scan service that answers the file's bitmaps.
+    pub owner: SocketAddr,
+    pub row_groups: Vec<RowGroupInfo>,
+}
+
+/// What a query reads of one table.
+#[derive(Clone, Debug)]
+pub struct ScanPlan {
+    pub table: TableInfo,
+    pub snapshot: Timestamp,
+    pub store_url: String,
+    pub files: Vec<PlannedFile>,
+    /// The scan services whose write buffers to read.
+    pub buffers: Vec<SocketAddr>,
+}
+
+/// Deleted rows of one row group, bit i = the group's row i.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowGroupBits {
+    pub row_group: u32,
+    pub rows: u64,
+    pub deleted: Vec<u64>,
+}
+
+/// Where a write-buffer part's rows are.
+#[derive(Clone, Debug)]
+pub enum PartData {
+    /// The rows, with `_create_ts`.
+    Memory(Vec<RecordBatch>),
+    /// A Parquet object under the store URL.
+    Path(String),
+}
+
+/// A piece of a shard's write buffer at a snapshot.
+#[derive(Clone, Debug)]
+pub struct BufferPart {
+    pub file: u64,
+    pub offset: u64,
+    pub rows: u64,
+    /// Bit i = row `offset + i` of the file, 1 = deleted at the snapshot.
+    pub deleted: Vec<u64>,
+    pub data: PartData,
+}
+
+type Reply<T> = flume::Sender<Result<T, ClientError>>;
+
+enum Call {
+    Begin(Reply<QueryInfo>),
+    End(u64, Reply<()>),
+    Renew(u64, Reply<QueryInfo>),
+    Tables(Reply<Vec<TableInfo>>),
+    Plan {
+        query: u64,
+        table: String,
+        reply: Reply<ScanPlan>,
+    },
+    Bitmaps {
+        service: SocketAddr,
+        file: u64,
+        snapshot: Timestamp,
+        row_groups: Vec<u32>,
+        reply: Reply<Vec<RowGroupBits>>,
+    },
+    Buffer {
+        service: SocketAddr,
+        table: u32,
+        snapshot: Timestamp,
+        known: Vec<u64>,
+        reply: Reply<Vec<BufferPart>>,
+    },
+}
+
+/// A connection to a node's coordinator (and, on demand, its scan services). Cheap to clone;
+/// the connection closes when the last clone is dropped.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    calls: Option<flume::Sender<Call>>,
+    thread: Mutex<Option<glommio::ExecutorJoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.calls.take();
+        if let Some(t) = self.thread.lock().map(|mut t| t.take()).ok().flatten() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Connection {
+    /// Connects to the coordinator at `addr`, presenting `token` (empty for none).
+    pub fn connect(addr: SocketAddr, token: &str) -> Result<Connection, ClientError> {
+        let (calls, rx) = flume::unbounded();
+        let (ready_tx, ready_rx) = flume::bounded(1);
+        let token = token.to_owned();
+        let thread = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("retina-client")
+            .io_memory(CLIENT_IO_MEMORY)
+            .spawn(move || async move {
+                let coordinator = match client::coordinator(addr, &token).await {
+                    Ok(c) => {
+                        let _ = ready_tx.send(Ok(()));
+                        c
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                serve_calls(
+                    Rc::new(Worker {
+                        coordinator,
+                        token,
+                        scans: RefCell::default(),
+                        live: RefCell::default(),
+                    }),
+                    rx,
+                )
+                .await;
+            })
+            .map_err(|e| ClientError::Connect {
+                addr,
+                reason: format!("starting the client thread: {e}"),
+            })?;
+        ready_rx.recv().map_err(|_| ClientError::Closed)??;
+        Ok(Connection {
+            inner: Arc::new(Inner {
+                calls: Some(calls),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Call) -> Result<T, ClientError> {
+        let (tx, rx) = flume::bounded(1);
+        self.inner
+            .calls
+            .as_ref()
+            .expect("open until dropped")
+            .send(make(tx))
+            .map_err(|_| ClientError::Closed)?;
+        rx.recv_async().await.map_err(|_| ClientError::Closed)?
+    }
+
+    /// Begins a query at the node's current snapshot. Its lease is renewed until
+    /// [`Self::end`] (or until this connection closes).
+    pub async fn begin(&self) -> Result<QueryInfo, ClientError> {
+        self.call(Call::Begin).await
+    }
+
+    /// Ends a query; an error if its lease had already run out.
+    pub async fn end(&self, query: u64) -> Result<(), ClientError> {
+        self.call(|r| Call::End(query, r)).await
+    }
+
+    /// Ends a query without waiting for the answer (for `Drop`).
+    pub fn end_detached(&self, query: u64) {
+        let (tx, _) = flume::bounded(1);
+        if let Some(calls) = &self.inner.calls {
+            let _ = calls.send(Call::End(query, tx));
+        }
+    }
+
+    /// Renews a query's lease now.
+    pub async fn renew(&self, query: u64) -> Result<QueryInfo, ClientError> {
+        self.call(|r| Call::Renew(query, r)).await
+    }
+
+    /// The node's tables.
+    pub async fn tables(&self) -> Result<Vec<TableInfo>, ClientError> {
+        self.call(Call::Tables).await
+    }
+
+    /// The scan plan of `table` at the snapshot of `query`.
+    pub async fn plan(&self, query: u64, table: &str) -> Result<ScanPlan, ClientError> {
+        let table = table.to_owned();
+        self.call(|reply| Call::Plan {
+            query,
+            table,
+            reply,
+        })
+        .await
+    }
+
+    /// The bitmaps of `row_groups` of `file` at `snapshot`, from the scan service `service`.
+    pub async fn bitmaps(
+        &self,
+        service: SocketAddr,
+        file: u64,
+        snapshot: Timestamp,
+        row_groups: Vec<u32>,
+    ) -> Result<Vec<RowGroupBits>, ClientError> {
+        self.call(|reply| Call::Bitmaps {
+            service,
+            file,
+            snapshot,
+            row_groups,
+            reply,
+        })
+        .await
+    }
+
+    /// The write buffer of `table` at `snapshot` from the scan service `service`, with the
+    /// regular files it holds that are not in `known`.
+    pub async fn write_buffer(
+        &self,
+        service: SocketAddr,
+        table: u32,
+        snapshot: Timestamp,
+        known: Vec<u64>,
+    ) -> Result<Vec<BufferPart>, ClientError> {
+        self.call(|reply| Call::Buffer {
+            service,
+            table,
+            snapshot,
+            known,
+            reply,
+        })
+        .await
+    }
+}
+
+/// The connection thread's state.
+struct Worker {
+    coordinator: coordinator::Client,
+    token: String,
+    scans: RefCell<HashMap<SocketAddr, scan_service::Client>>,
+    /// Queries whose leases this thread renews.
+    live: RefCell<HashSet<u64>>,
+}
+
+async fn serve_calls(worker: Rc<Worker>, rx: flume::Receiver<Call>) {
+    let in_flight = Rc::new(Cell::new(0usize));
+    while let Ok(call) = rx.recv_async().await {
+        let worker = worker.clone();
+        let in_flight = in_flight.clone();
+        in_flight.set(in_flight.get() + 1);
+        glommio::spawn_local(async move {
+            worker.answer(call).await;
+            in_flight.set(in_flight.get() - 1);
+        })
+        .detach();
+    }
+    // Closed: let calls already sent (a query's end above all) reach the node.
+    let start = std::time::Instant::now();
+    while in_flight.get() > 0 && start.elapsed() < CLOSE_GRACE {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+impl Worker {
+    async fn answer(self: &Rc<Self>, call: Call) {
+        match call {
+            Call::Begin(reply) => {
+                let result = self.begin().await;
+                if let Ok(q) = &result {
+                    self.keep_alive(*q);
+                }
+                let _ = reply.send(result);
+            }
+            Call::End(id, reply) => {
+                self.live.borrow_mut().remove(&id);
+                let _ = reply.send(client::end(&self.coordinator, id).await);
+            }
+            Call::Renew(id, reply) => {
+                let _ = reply.send(self.renew(id).await);
+            }
+            Call::Tables(reply) => {
+                let _ = reply.send(self.tables().await);
+            }
+            Call::Plan {
+                query,
+                table,
+                reply,
+            } => {
+                let _ = reply.send(self.plan(query, &table).await);
+            }
+            Call::Bitmaps {
+                service,
+                file,
+                snapshot,
+                row_groups,
+                reply,
+            } => {
+                let _ = reply.send(self.bitmaps(service, file, snapshot, &row_groups).await);
+            }
+            Call::Buffer {
+                service,
+                table,
+                snapshot,
+                known,
+                reply,
+            } => {
+                let _ = reply.send(self.buffer(service, table, snapshot, &known).await);
+            }
+        }
+    }
+
+    async fn begin(&self) -> Result<QueryInfo, ClientError> {
+        let resp = self
+            .coordinator
+            .begin_query_request()
+            .send()
+            .promise
+            .await?;
+        query_info(resp.get()?.get_result()?)
+    }
+
+    async fn renew(&self, id: u64) -> Result<QueryInfo, ClientError> {
+        let mut req = self.coordinator.renew_lease_request();
+        req.get().set_query_id(id);
+        let resp = req.send().promise.await?;
+        query_info(resp.get()?.get_result()?)
+    }
+
+    /// Renews `q`'s lease at a third of its length until the query ends or a renewal fails.
+    fn keep_alive(self: &Rc<Self>, q: QueryInfo) {
+        if q.lease_ms == 0 {
+            return;
+        }
+        self.live.borrow_mut().insert(q.id);
+        let worker = Rc::downgrade(self);
+        glommio::spawn_local(async move {
+            let every = Duration::from_millis((q.lease_ms / 3).max(1));
+            loop {
+                glommio::timer::sleep(every).await;
+                let Some(w) = worker.upgrade() else { break };
+                if !w.live.borrow().contains(&q.id) {
+                    break;
+                }
+                if let Err(e) = w.renew(q.id).await {
+                    tracing::warn!("renewing the lease of query {}: {e}", q.id);
+                    w.live.borrow_mut().remove(&q.id);
+                    break;
+                }
+            }
+        })
+        .detach();
+    }
+
+    async fn tables(&self) -> Result<Vec<TableInfo>, ClientError> {
+        let resp = self
+            .coordinator
+            .list_tables_request()
+            .send()
+            .promise
+            .await?;
+        resp.get()?
+            .get_tables()?
+            .iter()
+            .map(|t| {
+                let (id, schema) = read_table(t)?;
+                Ok(TableInfo { id, schema })
+            })
+            .collect()
+    }
+
+    async fn plan(&self, query: u64, table: &str) -> Result<ScanPlan, ClientError> {
+        let mut req = self.coordinator.scan_plan_request();
+        req.get().set_query_id(query);
+        req.get().set_table(table);
+        let resp = req.send().promise.await?;
+        let plan = match resp.get()?.get_result()?.which()? {
+            scan_plan_result::Which::Ok(p) => p?,
+            scan_plan_result::Which::Error(e) => return Err(client::refused(e)),
+        };
+        let (id, schema) = read_table(plan.get_table()?)?;
+        let mut files = Vec::new();
+        for f in plan.get_files()? {
+            files.push(PlannedFile {
+                file: f.get_file_id(),
+                path: f.get_path()?.to_str()?.to_owned(),
+                bytes: f.get_bytes(),
+                owner: client::endpoint(f.get_owner()?.get_address()?.to_str()?)?,
+                row_groups: f
+                    .get_row_groups()?
+                    .iter()
+                    .map(|g| RowGroupInfo {
+                        offset: g.get_offset(),
+                        rows: g.get_rows(),
+                        min_create_ts: g.get_min_create_ts(),
+                        max_create_ts: g.get_max_create_ts(),
+                    })
+                    .collect(),
+            });
+        }
+        let buffers = plan
+            .get_buffers()?
+            .iter()
+            .map(|b| client::endpoint(b.get_address()?.to_str()?))
+            .collect::<Result<_, _>>()?;
+        Ok(ScanPlan {
+            table: TableInfo { id, schema },
+            snapshot: Timestamp::new(plan.get_snapshot())?,
+            store_url: plan.get_store_url()?.to_str()?.to_owned(),
+            files,
+            buffers,
+        })
+    }
+
+    async fn scan(&self, addr: SocketAddr) -> Result<scan_service::Client, ClientError> {
+        if let Some(s) = self.scans.borrow().get(&addr) {
+            return Ok(s.clone());
+        }
+        let s = client::scan_service(addr, &self.token).await?;
+        self.scans.borrow_mut().insert(addr, s.clone());
+        Ok(s)
+    }
+
+    async fn bitmaps(
+        &self,
+        service: SocketAddr,
+        file: u64,
+        snapshot: Timestamp,
+        row_groups: &[u32],
+    ) -> Result<Vec<RowGroupBits>, ClientError> {
+        let scan = self.scan(service).await?;
+        let mut req = scan.bitmaps_request();
+        req.get().set_file_id(file);
+        req.get().set_snapshot(snapshot.get());
+        let mut list = req.get().init_row_groups(row_groups.len() as u32);
+        for (i, g) in row_groups.iter().enumerate() {
+            list.set(i as u32, *g);
+        }
+        let resp = req.send().promise.await?;
+        match resp.get()?.get_result()?.which()? {
+            bitmaps_result::Which::Ok(list) => list?
+                .iter()
+                .map(|b| {
+                    Ok(RowGroupBits {
+                        row_group: b.get_row_group(),
+                        rows: b.get_rows(),
+                        deleted: words(b.get_deleted()?),
+                    })
+                })
+                .collect(),
+            bitmaps_result::Which::Error(e) => Err(client::refused(e)),
+        }
+    }
+
+    async fn buffer(
+        &self,
+        service: SocketAddr,
+        table: u32,
+        snapshot: Timestamp,
+        known: &[u64],
+    ) -> Result<Vec<BufferPart>, ClientError> {
+        let scan = self.scan(service).await?;
+        let mut req = scan.write_buffer_request();
+        req.get().set_table(table);
+        req.get().set_snapshot(snapshot.get());
+        let mut list = req.get().init_known_files(known.len() as u32);
+        for (i, f) in known.iter().enumerate() {
+            list.set(i as u32, *f);
+        }
+        let resp = req.send().promise.await?;
+        let parts = match resp.get()?.get_result()?.which()? {
+            buffer_result::Which::Ok(p) => p?,
+            buffer_result::Which::Error(e) => return Err(client::refused(e)),
+        };
+        let mut out = Vec::with_capacity(parts.len() as usize);
+        for part in parts {
+            let data = match part.which()? {
+                buffer_part::Which::Memory(ipc) => {
+                    let reader = arrow::ipc::reader::StreamReader::try_new(ipc?, None)?;
+                    PartData::Memory(reader.collect::<Result<_, _>>()?)
+                }
+                buffer_part::Which::Path(p) => PartData::Path(p?.to_str()?.to_owned()),
+            };
+            out.push(BufferPart {
+                file: part.get_file_id(),
+                offset: part.get_offset(),
+                rows: part.get_rows(),
+                deleted: words(part.get_deleted()?),
+                data,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn query_info(
+    r: retina_protocol::retina_capnp::query_result::Reader<'_>,
+) -> Result<QueryInfo, ClientError> {
+    use retina_protocol::retina_capnp::query_result::Which;
+    match r.which()? {
+        Which::Ok(q) => {
+            let q = q?;
+            Ok(QueryInfo {
+                id: q.get_id(),
+                snapshot: Timestamp::new(q.get_snapshot())?,
+                lease_ms: q.get_lease_ms(),
+            })
+        }
+        Which::Error(e) => Err(client::refused(e)),
+    }
+}
+
+/// Little-endian bytes as 64-bit words.
+pub fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
+}
