@@ -52,6 +52,21 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
+    /// VFoR overhead: the same SQL queries over the same order lines through the DataFusion
+    /// connector, with the visibility check on and off, alternating, medians.
+    Vfor {
+        /// Order lines loaded (they end up in regular files of 262,144 rows).
+        #[arg(long, default_value_t = 2_097_152)]
+        rows: usize,
+        /// Per mille of the rows deleted after the load, scattered.
+        #[arg(long, default_value_t = 10)]
+        deleted_per_mille: u32,
+        /// Runs of each query in each mode.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -76,6 +91,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             requests,
             in_flight,
         } => bitmaps(requests, in_flight),
+        BenchCommand::Vfor {
+            rows,
+            deleted_per_mille,
+            runs,
+            shards,
+        } => vfor(rows, deleted_per_mille, runs, shards),
         BenchCommand::Freshness {
             rates,
             seconds,
@@ -445,6 +466,133 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
     let _ = record("rpc", "bitmap_latency_p50_us", p50, "us");
     let _ = record("rpc", "bitmap_latency_p99_us", p99, "us");
     let _ = record("rpc", "bitmap_requests_per_s", per_second, "requests/s");
+    node.shutdown();
+    Ok(())
+}
+
+/// The queries of `retina bench vfor`: a scan, an aggregate, and a selective filter.
+const VFOR_QUERIES: [(&str, &str); 3] = [
+    (
+        "scan",
+        "SELECT sum(ol_amount), sum(ol_quantity) FROM orderline",
+    ),
+    (
+        "group_by",
+        "SELECT ol_w_id, ol_d_id, count(*), sum(ol_amount), avg(ol_quantity) \
+         FROM orderline GROUP BY ol_w_id, ol_d_id",
+    ),
+    (
+        "filter",
+        "SELECT count(*), sum(ol_amount) FROM orderline WHERE ol_i_id < 2000",
+    ),
+];
+
+fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow::Result<()> {
+    use rand::{Rng, SeedableRng};
+    use retina_bench::ch::OrderLines;
+    use retina_query::{Retina, Visibility};
+    use retina_storage::{RowOp, TableOp};
+    const FILE_ROWS: u64 = 262_144;
+    let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "bench")?);
+    let orderline = catalog
+        .resolve("orderline")
+        .context("the replay DDL has orderline")?;
+    let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog,
+        settings: Settings {
+            shards,
+            file_rows: FILE_ROWS,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse()?),
+        auth_token: None,
+    })?;
+    let h = node.handle().clone();
+    let lines: Vec<_> = OrderLines::new(7, 10).take(rows).collect();
+    let t = Instant::now();
+    for chunk in lines.chunks(10_000) {
+        let txn: Vec<_> = chunk
+            .iter()
+            .map(|r| TableOp {
+                table: orderline,
+                op: RowOp::Insert(r.clone()),
+            })
+            .collect();
+        h.submit(&[txn], &[])?;
+    }
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let doomed: Vec<_> = lines
+        .iter()
+        .filter(|_| rng.random_range(0..1000) < deleted_per_mille)
+        .map(|r| TableOp {
+            table: orderline,
+            op: RowOp::Delete(r.clone()),
+        })
+        .collect();
+    let deleted = doomed.len();
+    let mut last = 0;
+    for chunk in doomed.chunks(1000) {
+        last = *h.submit(&[chunk.to_vec()], &[])?.end();
+    }
+    anyhow::ensure!(h.wait_visible(last, Duration::from_secs(120)));
+    println!(
+        "loaded {rows} order lines and deleted {deleted} in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let addr = node.coordinator_addr().context("the node listens")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let retina = Retina::connect(addr, "")?;
+        // Wait until every full file is combined: the plan lists them all.
+        let full = (rows as u64 / FILE_ROWS / u64::from(shards)) * u64::from(shards);
+        let start = Instant::now();
+        loop {
+            let q = retina.connection().begin().await?;
+            let plan = retina.connection().plan(q.id, "orderline").await?;
+            retina.connection().end(q.id).await?;
+            if plan.files.len() as u64 >= full.saturating_sub(u64::from(shards)) {
+                println!(
+                    "{} regular files, {} row groups",
+                    plan.files.len(),
+                    plan.files.iter().map(|f| f.row_groups.len()).sum::<usize>()
+                );
+                break;
+            }
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "files not combined"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (name, sql) in VFOR_QUERIES {
+            let mut on = Vec::new();
+            let mut off = Vec::new();
+            for run in 0..=runs {
+                for (mode, out) in [(Visibility::Check, &mut on), (Visibility::Ignore, &mut off)] {
+                    let session = retina.begin_with(mode).await?;
+                    let t = Instant::now();
+                    session.collect(sql).await?;
+                    // The first run of each warms the caches.
+                    if run > 0 {
+                        out.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+            }
+            let (on, off) = (median(&mut on), median(&mut off));
+            let overhead = (on / off - 1.0) * 100.0;
+            println!(
+                "{name:>9}: {on:7.1} ms with visibility, {off:7.1} ms without: {overhead:+.1}%"
+            );
+            let _ = record("vfor", &format!("{name}_ms_check"), on, "ms");
+            let _ = record("vfor", &format!("{name}_ms_ignore"), off, "ms");
+            let _ = record("vfor", &format!("{name}_overhead_pct"), overhead, "%");
+        }
+        anyhow::Ok(())
+    })?;
     node.shutdown();
     Ok(())
 }

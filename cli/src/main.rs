@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod serve;
+mod sql;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +40,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Runs a node: replays a Debezium JSON source into Parquet until stopped (SIGTERM, Ctrl-C).
     Serve(serve::ServeArgs),
+    /// Runs one SQL statement against a running node, at one snapshot of all its tables.
+    Sql(sql::SqlArgs),
     /// Measures a node on generated workloads (see shared BENCH.md).
     Bench(bench::BenchArgs),
 }
@@ -54,6 +57,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Sql(args) => sql::run(args),
         Command::Bench(args) => bench::run(args),
     }
 }

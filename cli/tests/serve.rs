@@ -337,3 +337,131 @@ fn a_restart_never_reuses_timestamps_or_overwrites_files() {
         "the second run wrote files of its own"
     );
 }
+
+/// Starts `retina serve` on ephemeral ports and returns it with its coordinator's address
+/// (from its log) and the rest of its log as it comes.
+fn serve_listening(
+    dir: &std::path::Path,
+    source: &str,
+    port: u16,
+) -> (Child, String, std::sync::mpsc::Receiver<String>) {
+    let mut child = serve(dir, source, port, Stdio::null());
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let marker = "coordinator service (Cap'n Proto) on ";
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the node logs its address");
+        if let Some(at) = line.find(marker) {
+            break line[at + marker.len()..]
+                .split(|c: char| c.is_whitespace() || c == '\u{1b}')
+                .next()
+                .unwrap()
+                .to_owned();
+        }
+    };
+    (child, addr, rx)
+}
+
+fn sql(addr: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args(["sql", "--connect", addr])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn sql_reads_a_serving_node_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    std::fs::write(dir.path().join("in.json"), stream(300)).unwrap();
+    let port = free_port();
+    let source = format!("file:{}", dir.path().join("in.json").display());
+    let (child, addr, _log) = serve_listening(dir.path(), &source, port);
+    let mut node = Running(Some(child));
+    wait_done(node.0.as_mut().unwrap(), port, 302.0);
+
+    let out = sql(
+        &addr,
+        &["SELECT count(*) AS n, sum(amount) AS total FROM public.t"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // 0.25 + 1.25 + ... + 299.25 = 44850 + 75
+    assert!(text.contains("| n   | total    |"), "{text}");
+    assert!(text.contains("| 300 | 44925.00 |"), "{text}");
+
+    let out = sql(
+        &addr,
+        &[
+            "--format",
+            "csv",
+            "SELECT id, v FROM public.t WHERE id < 3 ORDER BY id",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "id,v\n0,r0\n1,r1\n2,r2\n"
+    );
+    let out = sql(
+        &addr,
+        &[
+            "--format",
+            "json",
+            "SELECT id, amount FROM public.t WHERE id = 7",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "{\"id\":7,\"amount\":7.25}\n"
+    );
+
+    let out = sql(&addr, &["SELEC id FROM public.t"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("SELEC"), "{err}");
+    let out = sql(&addr, &["SELECT * FROM public.nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("nope"), "{err}");
+    stop_quietly(node.0.take().unwrap());
+}
+
+/// A node that is killed if the test fails before stopping it.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn stop_quietly(child: Child) {
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+}

@@ -1,0 +1,58 @@
+//! `retina sql`: one statement through the DataFusion connector, at one snapshot.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use futures::TryStreamExt;
+use retina_query::{Format, Retina, write_batches};
+
+#[derive(clap::Args)]
+pub struct SqlArgs {
+    /// The statement, e.g. "SELECT count(*) FROM orderline".
+    statement: String,
+    /// The node's coordinator service.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    connect: SocketAddr,
+    /// The node's auth token, if it has one.
+    #[arg(
+        long,
+        env = "RETINA_AUTH_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
+    auth_token: String,
+    /// How to print the result: table, csv or json (one object per line).
+    #[arg(long, default_value = "table")]
+    format: Format,
+    /// Print the snapshot the statement read at and its time to stderr.
+    #[arg(long)]
+    timing: bool,
+}
+
+pub fn run(args: SqlArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the query runtime")?;
+    runtime.block_on(async {
+        let start = std::time::Instant::now();
+        let retina = Retina::connect(args.connect, &args.auth_token)
+            .with_context(|| format!("connecting to the node at {}", args.connect))?;
+        let session = retina.begin().await.context("beginning a query")?;
+        let batches: Vec<_> = match session.sql(&args.statement).await {
+            Ok(stream) => stream.try_collect().await?,
+            Err(e) => return Err(anyhow::anyhow!("{e}")),
+        };
+        let mut out = std::io::stdout().lock();
+        write_batches(&mut out, args.format, &batches).context("printing the result")?;
+        if args.timing {
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            eprintln!(
+                "{rows} rows at snapshot {} in {:.1} ms",
+                session.snapshot(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,227 @@
+//! Retina's DataFusion connector.
+//!
+//! A query begins at a node's coordinator, which fixes its snapshot; every table read in the
+//! query is read at that snapshot, so a join or a union across tables sees each source
+//! transaction whole or not at all. [`RetinaTable`] is a DataFusion `TableProvider` that reads
+//! a table with VFoR (visibility filter on read): the plan's Parquet files through DataFusion's
+//! own Parquet scan (projection and filter pushdown, statistics pruning, parallel partitions),
+//! with row groups created after the snapshot skipped, `_create_ts <= snapshot` applied where a
+//! row group straddles the snapshot, and each row group's deleted rows removed by a row
+//! selection built from the owner shard's bitmap; then the shards' write buffers.
+//!
+//! The query ends when the last thing that can read it is dropped: the [`QuerySession`] and
+//! every stream it returned. Until then the connection renews its lease; a client that dies
+//! leaves a lease that runs out.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use futures::TryStreamExt;
+//! let retina = retina_query::Retina::connect("127.0.0.1:7400".parse()?, "")?;
+//! let (snapshot, stream) = retina.sql("SELECT count(*) FROM orderline").await?;
+//! let batches: Vec<_> = stream.try_collect().await?;
+//! # Ok(()) }
+//! ```
+
+mod output;
+mod table;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::MemorySchemaProvider;
+use datafusion::error::DataFusionError;
+use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::Stream;
+use retina_node::client::{ClientError, Refusal};
+use retina_node::connection::{Connection, QueryInfo};
+use retina_storage::Timestamp;
+
+pub use output::{Format, write_batches};
+pub use table::{RetinaTable, Visibility};
+
+/// A running query: ends when dropped.
+pub struct Snapshot {
+    conn: Connection,
+    info: QueryInfo,
+}
+
+impl Snapshot {
+    pub fn timestamp(&self) -> Timestamp {
+        self.info.snapshot
+    }
+
+    pub fn id(&self) -> u64 {
+        self.info.id
+    }
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("query", &self.info.id)
+            .field("snapshot", &self.info.snapshot)
+            .finish()
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        self.conn.end_detached(self.info.id);
+    }
+}
+
+/// A connection to a Retina node for DataFusion queries.
+#[derive(Clone)]
+pub struct Retina {
+    conn: Connection,
+    config: SessionConfig,
+}
+
+impl Retina {
+    /// Connects to the coordinator at `addr`, presenting `token` (empty for none).
+    pub fn connect(addr: SocketAddr, token: &str) -> Result<Retina, ClientError> {
+        Ok(Retina {
+            conn: Connection::connect(addr, token)?,
+            config: SessionConfig::new().with_information_schema(true),
+        })
+    }
+
+    /// The DataFusion configuration of the sessions [`Self::begin`] makes.
+    pub fn with_config(mut self, config: SessionConfig) -> Retina {
+        self.config = config;
+        self
+    }
+
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Begins a query: a DataFusion session with every table of the node registered, all at
+    /// one snapshot.
+    pub async fn begin(&self) -> Result<QuerySession, DataFusionError> {
+        self.begin_with(Visibility::Check).await
+    }
+
+    /// [`Self::begin`] with the visibility check as given (turning it off is only for
+    /// measuring what it costs).
+    pub async fn begin_with(
+        &self,
+        visibility: Visibility,
+    ) -> Result<QuerySession, DataFusionError> {
+        let tables = self.conn.tables().await.map_err(external)?;
+        let info = self.conn.begin().await.map_err(external)?;
+        let snapshot = Arc::new(Snapshot {
+            conn: self.conn.clone(),
+            info,
+        });
+        let ctx = SessionContext::new_with_config(self.config.clone());
+        for t in tables {
+            let name = t.schema.name().to_owned();
+            // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
+            if let Some((schema, _)) = name.split_once('.') {
+                let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
+                let catalog = ctx
+                    .catalog(&catalog_name)
+                    .ok_or_else(|| DataFusionError::Plan(format!("no catalog {catalog_name}")))?;
+                if catalog.schema(schema).is_none() {
+                    catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
+                }
+            }
+            ctx.register_table(
+                name.as_str(),
+                Arc::new(RetinaTable::new(snapshot.clone(), t, visibility)),
+            )?;
+        }
+        Ok(QuerySession { ctx, snapshot })
+    }
+
+    /// Runs one statement in a query of its own; the query ends when the stream is dropped.
+    pub async fn sql(
+        &self,
+        sql: &str,
+    ) -> Result<(Timestamp, SendableRecordBatchStream), DataFusionError> {
+        let session = self.begin().await?;
+        let stream = session.sql(sql).await?;
+        Ok((session.snapshot(), stream))
+    }
+}
+
+/// A DataFusion session whose tables are read at one snapshot.
+pub struct QuerySession {
+    ctx: SessionContext,
+    snapshot: Arc<Snapshot>,
+}
+
+impl QuerySession {
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    pub fn snapshot(&self) -> Timestamp {
+        self.snapshot.timestamp()
+    }
+
+    pub fn query_id(&self) -> u64 {
+        self.snapshot.id()
+    }
+
+    /// Plans and starts `sql`. The stream keeps the query running until it is dropped.
+    pub async fn sql(&self, sql: &str) -> Result<SendableRecordBatchStream, DataFusionError> {
+        let df = self.ctx.sql(sql).await?;
+        let stream = df.execute_stream().await?;
+        Ok(Box::pin(HoldingStream {
+            inner: stream,
+            _snapshot: self.snapshot.clone(),
+        }))
+    }
+
+    /// Runs `sql` and collects its result.
+    pub async fn collect(&self, sql: &str) -> Result<Vec<RecordBatch>, DataFusionError> {
+        use futures::TryStreamExt;
+        self.sql(sql).await?.try_collect().await
+    }
+}
+
+/// A stream that keeps its query's snapshot alive.
+struct HoldingStream {
+    inner: SendableRecordBatchStream,
+    _snapshot: Arc<Snapshot>,
+}
+
+impl Stream for HoldingStream {
+    type Item = Result<RecordBatch, DataFusionError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+impl RecordBatchStream for HoldingStream {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+}
+
+pub(crate) fn external(e: ClientError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+/// The node's typed refusal behind a DataFusion error, if that is what it is.
+pub fn refusal(e: &DataFusionError) -> Option<&Refusal> {
+    let mut current: &(dyn std::error::Error + 'static) = e;
+    loop {
+        if let Some(ClientError::Refused(r)) = current.downcast_ref::<ClientError>() {
+            return Some(r);
+        }
+        if let Some(DataFusionError::External(inner)) = current.downcast_ref::<DataFusionError>() {
+            current = inner.as_ref();
+            continue;
+        }
+        current = current.source()?;
+    }
+}

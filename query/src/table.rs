@@ -1,0 +1,483 @@
+//! [`RetinaTable`]: one table at one query's snapshot, read with VFoR.
+
+use std::sync::Arc;
+
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::catalog::Session;
+use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::config::TableParquetOptions;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
+use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::union::UnionExec;
+use futures::future::try_join_all;
+use object_store::path::Path;
+use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
+use retina_storage::file::{filter_visible, get, read_visible};
+use retina_storage::{CREATE_TS_COLUMN, TableSchema, Timestamp};
+
+use crate::{Snapshot, external};
+
+/// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
+/// whatever its creation time: it exists to measure what the check costs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Visibility {
+    Check,
+    Ignore,
+}
+
+/// A Retina table at one query's snapshot.
+#[derive(Debug)]
+pub struct RetinaTable {
+    snapshot: Arc<Snapshot>,
+    table: TableInfo,
+    /// The user's columns, without `_create_ts`.
+    schema: SchemaRef,
+    visibility: Visibility,
+}
+
+impl RetinaTable {
+    pub fn new(snapshot: Arc<Snapshot>, table: TableInfo, visibility: Visibility) -> RetinaTable {
+        let stored = table.schema.arrow_schema();
+        let user = stored.project(&(0..table.schema.columns().len()).collect::<Vec<_>>());
+        RetinaTable {
+            snapshot,
+            schema: Arc::new(user.expect("the user's columns are a prefix of the stored ones")),
+            table,
+            visibility,
+        }
+    }
+}
+
+/// One contiguous run of a file's row groups that one partition reads.
+struct Unit {
+    file: usize,
+    row_group: usize,
+    rows: u64,
+    access: RowGroupAccess,
+    /// The row group has rows created after the snapshot.
+    straddles: bool,
+}
+
+#[async_trait::async_trait]
+impl TableProvider for RetinaTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    /// Filters prune row groups and pages by their statistics and, with the session's
+    /// `pushdown_filters`, run inside the Parquet reader; DataFusion checks them again.
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let conn = &self.snapshot.conn;
+        let plan = conn
+            .plan(self.snapshot.id(), self.table.schema.name())
+            .await
+            .map_err(external)?;
+        let snapshot = plan.snapshot;
+        let schema = plan.table.schema.clone();
+        let projection: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..schema.columns().len()).collect(),
+        };
+        let out_schema = Arc::new(self.schema.project(&projection)?);
+        let (url, prefix) = split_store_url(&plan.store_url)?;
+        let check = self.visibility == Visibility::Check;
+
+        // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
+        let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
+        let bitmaps = try_join_all(plan.files.iter().map(|f| async move {
+            let groups: Vec<u32> = (0..f.row_groups.len() as u32)
+                .filter(|&g| f.row_groups[g as usize].min_create_ts <= snapshot.get())
+                .collect();
+            if !check || groups.is_empty() {
+                return Ok(Vec::new());
+            }
+            conn.bitmaps(f.owner, f.file, snapshot, groups).await
+        }));
+        let buffers =
+            try_join_all(plan.buffers.iter().map(|&service| {
+                conn.write_buffer(service, plan.table.id, snapshot, known.clone())
+            }));
+        let (bitmaps, buffers) = futures::try_join!(bitmaps, buffers).map_err(external)?;
+
+        let units = units(&plan.files, &bitmaps, snapshot, check);
+        let file_schema = schema.arrow_schema().clone();
+        let predicate = pruning_predicate(state, &file_schema, filters)?;
+        let partitions = state.config_options().execution.target_partitions.max(1);
+        let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+
+        let (straddling, whole): (Vec<Unit>, Vec<Unit>) =
+            units.into_iter().partition(|u| check && u.straddles);
+        let scan = |units: Vec<Unit>, parts: usize, columns: Vec<usize>| {
+            parquet_scan(
+                state,
+                &url,
+                &prefix,
+                &plan.files,
+                units,
+                parts,
+                &file_schema,
+                predicate.clone(),
+                columns,
+                limit,
+            )
+        };
+        if !whole.is_empty() {
+            inputs.push(scan(whole, partitions, projection.clone())?);
+        }
+        if !straddling.is_empty() {
+            // Row groups with rows created after the snapshot: read `_create_ts` as well, keep
+            // the rows at or before the snapshot, and drop the column again.
+            let ts = schema.create_ts_index();
+            let mut columns = projection.clone();
+            columns.push(ts);
+            let input = scan(straddling, 1, columns)?;
+            let at_or_before: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+                Arc::new(Column::new(CREATE_TS_COLUMN, projection.len())),
+                Operator::LtEq,
+                Arc::new(Literal::new(ScalarValue::Int64(
+                    Some(snapshot.get() as i64),
+                ))),
+            ));
+            let filtered = Arc::new(FilterExec::try_new(at_or_before, input)?);
+            let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = out_schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    (
+                        Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
+                        f.name().clone(),
+                    )
+                })
+                .collect();
+            inputs.push(Arc::new(ProjectionExec::try_new(exprs, filtered)?));
+        }
+
+        // The write buffers: in-memory blocks as they came, flushed blocks and files combined
+        // after the plan was made read whole from the store.
+        let store = state.runtime_env().object_store(&url)?;
+        let mut memory = Vec::new();
+        for part in buffers.into_iter().flatten() {
+            memory.extend(
+                read_part(
+                    &schema,
+                    snapshot,
+                    part,
+                    &projection,
+                    &out_schema,
+                    store.as_ref(),
+                    &prefix,
+                    check,
+                )
+                .await?,
+            );
+        }
+        if !memory.is_empty() {
+            inputs.push(MemorySourceConfig::try_new_exec(
+                &[memory],
+                out_schema.clone(),
+                None,
+            )?);
+        }
+        match inputs.len() {
+            0 => Ok(Arc::new(EmptyExec::new(out_schema))),
+            _ => UnionExec::try_new(inputs),
+        }
+    }
+}
+
+/// The row groups to read, in file order, with their access from the bitmaps.
+fn units(
+    files: &[PlannedFile],
+    bitmaps: &[Vec<RowGroupBits>],
+    snapshot: Timestamp,
+    check: bool,
+) -> Vec<Unit> {
+    let mut out = Vec::new();
+    for (f, (file, bits)) in files.iter().zip(bitmaps).enumerate() {
+        let mut bits = bits.iter().peekable();
+        for (g, rg) in file.row_groups.iter().enumerate() {
+            if check && rg.min_create_ts > snapshot.get() {
+                continue;
+            }
+            let mut access = RowGroupAccess::Scan;
+            if let Some(b) = bits.next_if(|b| b.row_group as usize == g) {
+                let deleted: u64 = b.deleted.iter().map(|w| u64::from(w.count_ones())).sum();
+                if deleted >= rg.rows {
+                    continue;
+                }
+                if deleted > 0 {
+                    access = RowGroupAccess::Selection(selection(&b.deleted, rg.rows));
+                }
+            }
+            out.push(Unit {
+                file: f,
+                row_group: g,
+                rows: rg.rows,
+                access,
+                straddles: rg.max_create_ts > snapshot.get(),
+            });
+        }
+    }
+    out
+}
+
+/// The rows whose bit is clear, as a row selection over `rows` rows.
+fn selection(deleted: &[u64], rows: u64) -> RowSelection {
+    let bit = |i: u64| {
+        deleted
+            .get((i / 64) as usize)
+            .is_some_and(|w| w >> (i % 64) & 1 == 1)
+    };
+    let mut selectors = Vec::new();
+    let mut i = 0;
+    while i < rows {
+        let skip = bit(i);
+        let start = i;
+        // Whole words at a time where the run allows.
+        while i < rows {
+            if i % 64 == 0 && i + 64 <= rows {
+                let w = deleted.get((i / 64) as usize).copied().unwrap_or(0);
+                if (skip && w == u64::MAX) || (!skip && w == 0) {
+                    i += 64;
+                    continue;
+                }
+            }
+            if bit(i) != skip {
+                break;
+            }
+            i += 1;
+        }
+        let n = (i - start) as usize;
+        selectors.push(if skip {
+            RowSelector::skip(n)
+        } else {
+            RowSelector::select(n)
+        });
+    }
+    RowSelection::from(selectors)
+}
+
+/// DataFusion's Parquet scan of `units` in up to `parts` partitions of contiguous row groups
+/// (a file can be split between partitions), each file with an access plan.
+#[allow(clippy::too_many_arguments)]
+fn parquet_scan(
+    state: &dyn Session,
+    url: &ObjectStoreUrl,
+    prefix: &str,
+    files: &[PlannedFile],
+    units: Vec<Unit>,
+    parts: usize,
+    file_schema: &SchemaRef,
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+    columns: Vec<usize>,
+    limit: Option<usize>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let total: u64 = units.iter().map(|u| u.rows).sum();
+    let per_part = total.div_ceil(parts as u64).max(1);
+    let mut groups: Vec<Vec<PartitionedFile>> = Vec::new();
+    let mut current: Vec<PartitionedFile> = Vec::new();
+    let mut current_rows = 0u64;
+    let mut open: Option<(usize, ParquetAccessPlan)> = None;
+    let close = |open: &mut Option<(usize, ParquetAccessPlan)>, out: &mut Vec<PartitionedFile>| {
+        if let Some((f, plan)) = open.take() {
+            let file = &files[f];
+            out.push(
+                PartitionedFile::new(format!("{prefix}{}", file.path), file.bytes)
+                    .with_extension(plan),
+            );
+        }
+    };
+    for u in units {
+        if open.as_ref().is_some_and(|(f, _)| *f != u.file) {
+            close(&mut open, &mut current);
+        }
+        let (_, plan) = open.get_or_insert_with(|| {
+            (
+                u.file,
+                ParquetAccessPlan::new_none(files[u.file].row_groups.len()),
+            )
+        });
+        plan.set(u.row_group, u.access);
+        current_rows += u.rows;
+        if current_rows >= per_part {
+            close(&mut open, &mut current);
+            groups.push(std::mem::take(&mut current));
+            current_rows = 0;
+        }
+    }
+    close(&mut open, &mut current);
+    if !current.is_empty() {
+        groups.push(current);
+    }
+    let options = TableParquetOptions {
+        global: state.config_options().execution.parquet.clone(),
+        ..Default::default()
+    };
+    let mut source = ParquetSource::new(file_schema.clone()).with_table_parquet_options(options);
+    if let Some(p) = predicate {
+        source = source.with_predicate(p);
+    }
+    let config = FileScanConfigBuilder::new(url.clone(), Arc::new(source))
+        .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+        .with_projection_indices(Some(columns))?
+        .with_limit(limit)
+        .build();
+    Ok(DataSourceExec::from_data_source(config))
+}
+
+/// The filters as one physical predicate over the stored schema, for pruning.
+fn pruning_predicate(
+    state: &dyn Session,
+    file_schema: &SchemaRef,
+    filters: &[Expr],
+) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+    let Some(expr) = conjunction(filters.to_vec()) else {
+        return Ok(None);
+    };
+    let df_schema = DFSchema::try_from(file_schema.as_ref().clone())?;
+    Ok(Some(state.create_physical_expr(expr, &df_schema)?))
+}
+
+/// A write-buffer part's visible rows, projected.
+#[allow(clippy::too_many_arguments)]
+async fn read_part(
+    schema: &TableSchema,
+    snapshot: Timestamp,
+    part: BufferPart,
+    projection: &[usize],
+    out_schema: &SchemaRef,
+    store: &dyn object_store::ObjectStore,
+    prefix: &str,
+    check: bool,
+) -> Result<Vec<RecordBatch>> {
+    let storage = |e: retina_storage::StorageError| DataFusionError::External(Box::new(e));
+    let none = Vec::new();
+    let deleted = if check { &part.deleted } else { &none };
+    // Without the check every row is visible: the newest timestamp there can be.
+    let at = if check { snapshot } else { Timestamp::MAX };
+    match part.data {
+        PartData::Memory(batches) => {
+            if batches.is_empty() {
+                return Ok(Vec::new());
+            }
+            let batch = concat_batches(&batches[0].schema(), &batches)?;
+            let visible =
+                filter_visible(&batch, schema, at, deleted, Some(projection)).map_err(storage)?;
+            Ok(vec![with_schema(visible, out_schema)?])
+        }
+        PartData::Path(path) => {
+            let bytes = get(store, &Path::from(format!("{prefix}{path}")))
+                .await
+                .map_err(storage)?;
+            read_visible(bytes, schema, at, deleted, Some(projection))
+                .map_err(storage)?
+                .into_iter()
+                .map(|b| with_schema(b, out_schema))
+                .collect()
+        }
+    }
+}
+
+/// `batch` under the table's field names and metadata (a zero-column batch keeps its rows).
+fn with_schema(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let options = datafusion::arrow::record_batch::RecordBatchOptions::new()
+        .with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        batch.columns().to_vec(),
+        &options,
+    )?)
+}
+
+/// `file:///dir/` → (`file://`, `dir/`); `s3://bucket/prefix/` → (`s3://bucket`, `prefix/`).
+fn split_store_url(url: &str) -> Result<(ObjectStoreUrl, String)> {
+    let bad = || DataFusionError::Plan(format!("the node gave a bad store URL `{url}`"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let (authority, path) = rest.split_once('/').ok_or_else(bad)?;
+    let mut prefix = path.trim_matches('/').to_owned();
+    if !prefix.is_empty() {
+        prefix.push('/');
+    }
+    Ok((
+        ObjectStoreUrl::parse(format!("{scheme}://{authority}"))?,
+        prefix,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(s: &RowSelection) -> Vec<(bool, usize)> {
+        s.iter().map(|r| (r.skip, r.row_count)).collect()
+    }
+
+    #[test]
+    fn a_selection_skips_exactly_the_deleted_rows() {
+        let mut deleted = vec![0u64; 3];
+        for i in [0u64, 1, 63, 64, 130] {
+            deleted[(i / 64) as usize] |= 1 << (i % 64);
+        }
+        let s = selection(&deleted, 140);
+        assert_eq!(
+            runs(&s),
+            vec![
+                (true, 2),
+                (false, 61),
+                (true, 2),
+                (false, 65),
+                (true, 1),
+                (false, 9)
+            ]
+        );
+        let all_deleted = selection(&[u64::MAX, u64::MAX], 100);
+        assert_eq!(runs(&all_deleted), vec![(true, 100)]);
+        assert_eq!(runs(&selection(&[0, 0], 128)), vec![(false, 128)]);
+    }
+
+    #[test]
+    fn store_urls_split_into_the_store_and_a_prefix() {
+        let (url, prefix) = split_store_url("file:///var/lib/retina/lake/").unwrap();
+        assert_eq!(url.as_str(), "file:///");
+        assert_eq!(prefix, "var/lib/retina/lake/");
+        let (url, prefix) = split_store_url("s3://bucket/a/b").unwrap();
+        assert_eq!(url.as_str(), "s3://bucket/");
+        assert_eq!(prefix, "a/b/");
+        assert!(split_store_url("nonsense").is_err());
+    }
+}

@@ -1,0 +1,505 @@
+//! The query path end to end, through the DataFusion connector: while a node replays transfers
+//! between accounts (two tables: balances and a ledger), concurrent SQL sessions read both
+//! tables at one snapshot each, and every result is exactly the naive model's state at that
+//! snapshot: the total never changes, no partial transaction is seen. The node's files are
+//! small, so queries read regular files listed in the plan (with bitmaps, and `_create_ts`
+//! filtering where a row group straddles the snapshot), flushed blocks and in-memory blocks.
+//! Also: freshness, typed errors, the lease, and the query ending with its stream.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use retina_node::catalog::Catalog;
+use retina_node::client::Refusal;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_query::{QuerySession, Retina, refusal};
+use retina_storage::{RowOp, TableOp, Value};
+
+const DDL: &str = "CREATE TABLE bank.accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
+                   CREATE TABLE bank.ledger (n BIGINT PRIMARY KEY, src BIGINT NOT NULL, dst BIGINT NOT NULL, amount BIGINT NOT NULL);";
+const ACCOUNTS: i64 = 40;
+const TOTAL: i64 = ACCOUNTS * 1000;
+
+type State = (BTreeMap<i64, i64>, Vec<(i64, i64, i64, i64)>);
+type Txn = Vec<TableOp<Vec<Value>>>;
+
+fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 2,
+            gc_interval_ms: 5,
+            query_lease_ms: lease_ms,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+    })
+    .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn ints(batches: &[RecordBatch]) -> Vec<Vec<i64>> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            rows.push(
+                b.columns()
+                    .iter()
+                    .map(|c| c.as_primitive::<Int64Type>().value(r))
+                    .collect(),
+            );
+        }
+    }
+    rows
+}
+
+/// Both tables at one session's snapshot.
+async fn read_state(session: &QuerySession) -> State {
+    let accounts = ints(
+        &session
+            .collect("SELECT id, balance FROM bank.accounts")
+            .await
+            .unwrap(),
+    )
+    .into_iter()
+    .map(|r| (r[0], r[1]))
+    .collect();
+    let mut ledger: Vec<_> = ints(
+        &session
+            .collect("SELECT n, src, dst, amount FROM bank.ledger")
+            .await
+            .unwrap(),
+    )
+    .into_iter()
+    .map(|r| (r[0], r[1], r[2], r[3]))
+    .collect();
+    ledger.sort();
+    (accounts, ledger)
+}
+
+fn row(id: i64, bal: i64) -> Vec<Value> {
+    vec![Value::Int(id), Value::Int(bal)]
+}
+
+/// The transfers, and the model's state after each transaction (the first opens the accounts).
+fn transfers(seed: u64, n: i64) -> (Vec<Txn>, Vec<State>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut balances: BTreeMap<i64, i64> = (0..ACCOUNTS).map(|i| (i, 1000)).collect();
+    let mut txns: Vec<Txn> = vec![
+        balances
+            .iter()
+            .map(|(&i, &b)| TableOp {
+                table: 0,
+                op: RowOp::Insert(row(i, b)),
+            })
+            .collect(),
+    ];
+    let mut states: Vec<State> = vec![(balances.clone(), Vec::new())];
+    for n in 0..n {
+        let (a, b) = (rng.random_range(0..ACCOUNTS), rng.random_range(0..ACCOUNTS));
+        if a == b {
+            continue;
+        }
+        let x = rng.random_range(1..200);
+        let (ba, bb) = (balances[&a], balances[&b]);
+        balances.insert(a, ba - x);
+        balances.insert(b, bb + x);
+        let mut ops = vec![
+            TableOp {
+                table: 0,
+                op: RowOp::Update {
+                    before: row(a, ba),
+                    after: row(a, ba - x),
+                },
+            },
+            TableOp {
+                table: 1,
+                op: RowOp::Insert(vec![
+                    Value::Int(n),
+                    Value::Int(a),
+                    Value::Int(b),
+                    Value::Int(x),
+                ]),
+            },
+            TableOp {
+                table: 0,
+                op: RowOp::Update {
+                    before: row(b, bb),
+                    after: row(b, bb + x),
+                },
+            },
+        ];
+        let mut ledger = states.last().unwrap().1.clone();
+        ledger.push((n, a, b, x));
+        // Now and then an old ledger entry is deleted: deletes in regular files.
+        if n % 7 == 3 {
+            let (m, s, d, y) = ledger.remove(rng.random_range(0..ledger.len()));
+            ops.push(TableOp {
+                table: 1,
+                op: RowOp::Delete(vec![
+                    Value::Int(m),
+                    Value::Int(s),
+                    Value::Int(d),
+                    Value::Int(y),
+                ]),
+            });
+        }
+        txns.push(ops);
+        states.push((balances.clone(), ledger));
+    }
+    (txns, states)
+}
+
+#[test]
+fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr: SocketAddr = node.coordinator_addr().unwrap();
+    let (txns, states) = transfers(11, 900);
+
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let h = h.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut first = None;
+            for chunk in txns.chunks(3) {
+                let range = h.submit(chunk, &[]).unwrap();
+                first.get_or_insert(*range.start());
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            done.store(true, Ordering::Release);
+            first.unwrap()
+        })
+    };
+    let rt = runtime();
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let done = done.clone();
+            rt.spawn(async move {
+                let retina = Retina::connect(addr, "").unwrap();
+                let mut seen = Vec::new();
+                loop {
+                    let finished = done.load(Ordering::Acquire);
+                    let session = retina.begin().await.unwrap();
+                    seen.push((session.snapshot().get(), read_state(&session).await));
+                    if finished {
+                        break;
+                    }
+                }
+                seen
+            })
+        })
+        .collect();
+    let first_ts = writer.join().unwrap();
+    let mut checked = 0;
+    let mut distinct = std::collections::BTreeSet::new();
+    for r in readers {
+        for (snapshot, state) in rt.block_on(r).unwrap() {
+            if snapshot < first_ts {
+                assert!(state.0.is_empty() && state.1.is_empty());
+                continue;
+            }
+            let k = (snapshot - first_ts) as usize;
+            assert_eq!(
+                state.0.values().sum::<i64>(),
+                TOTAL,
+                "the total never changes (snapshot {snapshot})"
+            );
+            assert_eq!(state, states[k], "the model at snapshot {snapshot}");
+            checked += 1;
+            distinct.insert(snapshot);
+        }
+    }
+    assert!(
+        checked >= 10 && distinct.len() >= 5,
+        "queries ran during replay: {checked} reads, {} snapshots",
+        distinct.len()
+    );
+
+    // The last state, with SQL doing the work, and the plan listing regular files.
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        let session = retina.begin().await.unwrap();
+        let last = states.last().unwrap();
+        let sums = ints(
+            &session
+                .collect(
+                    "SELECT sum(balance), count(*) AS accounts, (SELECT count(*) FROM bank.ledger) AS entries \
+                     FROM bank.accounts",
+                )
+                .await
+                .unwrap(),
+        );
+        assert_eq!(sums, vec![vec![TOTAL, ACCOUNTS, last.1.len() as i64]]);
+        let big = ints(
+            &session
+                .collect("SELECT n FROM bank.ledger WHERE amount >= 150 ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        let expected: Vec<Vec<i64>> = last
+            .1
+            .iter()
+            .filter(|e| e.3 >= 150)
+            .map(|e| vec![e.0])
+            .collect();
+        assert_eq!(big, expected, "a pushed-down filter keeps exactly its rows");
+        let plan = retina
+            .connection()
+            .plan(session.query_id(), "bank.ledger")
+            .await
+            .unwrap();
+        assert!(
+            plan.files.len() >= 2,
+            "the plan lists regular files: {:?}",
+            plan.files.iter().map(|f| &f.path).collect::<Vec<_>>()
+        );
+    });
+    assert!(h.status().error().is_none());
+    node.shutdown();
+}
+
+#[test]
+fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let rt = runtime();
+    let retina = Retina::connect(addr, "").unwrap();
+    for i in 0..5i64 {
+        // One row: it sits in the active write-buffer block, never flushed.
+        let ts = h
+            .submit(
+                &[vec![TableOp {
+                    table: 0,
+                    op: RowOp::Insert(row(i, i)),
+                }]],
+                &[],
+            )
+            .unwrap();
+        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+        let (snapshot, rows) = rt.block_on(async {
+            let session = retina.begin().await.unwrap();
+            let rows = ints(
+                &session
+                    .collect(&format!("SELECT balance FROM bank.accounts WHERE id = {i}"))
+                    .await
+                    .unwrap(),
+            );
+            (session.snapshot().get(), rows)
+        });
+        assert!(snapshot >= *ts.end());
+        assert_eq!(rows, vec![vec![i]], "row {i} is visible once HWM passed it");
+    }
+    node.shutdown();
+}
+
+#[test]
+fn bad_statements_and_unknown_tables_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let addr = node.coordinator_addr().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        let session = retina.begin().await.unwrap();
+        let e = session.sql("SELEC 1").await.err().expect("a syntax error");
+        assert!(e.to_string().contains("SELEC"), "{e}");
+        let e = session
+            .sql("SELECT * FROM bank.nope")
+            .await
+            .err()
+            .expect("an unknown table");
+        assert!(e.to_string().contains("nope"), "{e}");
+        // Through the contract, an unknown table is a typed refusal.
+        let e = retina
+            .connection()
+            .plan(session.query_id(), "bank.nope")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                retina_node::client::ClientError::Refused(Refusal::UnknownTable(ref t)) if t == "bank.nope"
+            ),
+            "{e}"
+        );
+    });
+    let wrong = "127.0.0.1:1".parse().unwrap();
+    let e = Retina::connect(wrong, "")
+        .err()
+        .expect("nothing listens there");
+    assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+    node.shutdown();
+}
+
+#[test]
+fn a_query_ends_with_its_stream_and_lives_while_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short lease: the connection renews it at a third of its length.
+    let node = start(&dir.path().join("data"), 300);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let rt = runtime();
+    h.submit(
+        &[vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(row(1, 5)),
+        }]],
+        &[],
+    )
+    .unwrap();
+    let wait_running = |n: u64| {
+        let start = Instant::now();
+        while h.status().running_queries.load(Ordering::Acquire) != n {
+            assert!(start.elapsed() < Duration::from_secs(10), "{n} queries");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        let (_, stream) = retina
+            .sql("SELECT balance FROM bank.accounts")
+            .await
+            .unwrap();
+        wait_running(1);
+        // Held well past its lease: renewed, so still running and still readable.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        wait_running(1);
+        use futures::TryStreamExt;
+        let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+        assert_eq!(ints(&batches), vec![vec![5]]);
+        wait_running(0);
+
+        // A query the node does not hold (never begun, or expired) is refused, typed.
+        let q = retina.connection().renew(u64::MAX).await.unwrap_err();
+        assert!(
+            matches!(
+                q,
+                retina_node::client::ClientError::Refused(Refusal::LeaseExpired(_))
+            ),
+            "{q}"
+        );
+    });
+    node.shutdown();
+}
+
+#[test]
+fn refusals_stay_typed_through_datafusion() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 200);
+    let addr = node.coordinator_addr().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        let session = retina.begin().await.unwrap();
+        // The node forgets the query: the next scan is refused, and says why.
+        retina.connection().end(session.query_id()).await.unwrap();
+        let e = session
+            .collect("SELECT * FROM bank.accounts")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal(&e),
+            Some(&Refusal::LeaseExpired(session.query_id())),
+            "{e}"
+        );
+    });
+    node.shutdown();
+}
+
+#[test]
+fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let entry = |n: i64| TableOp {
+        table: 1,
+        op: RowOp::Insert(vec![
+            Value::Int(n),
+            Value::Int(n % 3),
+            Value::Int(n % 5),
+            Value::Int(n),
+        ]),
+    };
+    let insert = |from: i64, to: i64| {
+        let txns: Vec<Vec<_>> = (from..to)
+            .collect::<Vec<_>>()
+            .chunks(10)
+            .map(|c| c.iter().map(|&n| entry(n)).collect())
+            .collect();
+        let ts = h.submit(&txns, &[]).unwrap();
+        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        insert(0, 100);
+        let old = retina.begin().await.unwrap();
+        // The files being filled at the old snapshot fill up, flush and combine: later plans
+        // list them, with rows on both sides of the old snapshot.
+        insert(100, 1200);
+        let s = old.snapshot().get();
+        let start = Instant::now();
+        loop {
+            let plan = retina
+                .connection()
+                .plan(old.query_id(), "bank.ledger")
+                .await
+                .unwrap();
+            let straddling = plan.files.iter().any(|f| {
+                f.row_groups
+                    .iter()
+                    .any(|g| g.min_create_ts <= s && g.max_create_ts > s)
+            });
+            if straddling {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no file combined"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rows = ints(
+            &old.collect("SELECT n FROM bank.ledger ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(rows, (0..100).map(|n| vec![n]).collect::<Vec<_>>());
+        let now = retina.begin().await.unwrap();
+        let count = ints(
+            &now.collect("SELECT count(*) FROM bank.ledger")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(count, vec![vec![1200]]);
+    });
+    node.shutdown();
+}
