@@ -40,8 +40,8 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
-    /// Freshness the BENCH.md way: the workload emitted at fixed rates, a monitor querying
-    /// `max(fresh_ts)` of the district table through the Cap'n Proto path every 100 ms.
+    /// Freshness the BENCH.md way: the workload emitted at fixed rates, a monitor running
+    /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
     Freshness {
         /// Rows per second to emit, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "10000,80000")]
@@ -55,7 +55,7 @@ enum BenchCommand {
     /// VFoR overhead: the same SQL queries over the same order lines through the DataFusion
     /// connector, with the visibility check on and off, alternating, medians.
     Vfor {
-        /// Order lines loaded (they end up in regular files of 262,144 rows).
+        /// Order lines loaded (they end up in regular files of 65,536 rows).
         #[arg(long, default_value_t = 2_097_152)]
         rows: usize,
         /// Per mille of the rows deleted after the load, scattered.
@@ -298,53 +298,39 @@ fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
             })
         };
         let addr = node.coordinator_addr().expect("listening");
-        let lake = dir.path().join("data/lake");
         let driver_start = now_us();
-        let mut samples: Vec<f64> = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(512 << 10)
-            .spawn(move || async move {
-                let store = retina_storage::file::local_store(&lake).expect("the lake");
-                let c = retina_node::client::coordinator(addr, "")
-                    .await
-                    .expect("coordinator");
-                let mut samples = Vec::new();
-                let end = Instant::now() + Duration::from_secs(seconds);
-                while Instant::now() < end {
-                    glommio::timer::sleep(Duration::from_millis(100)).await;
-                    let start = now_us();
-                    let (q, _) = retina_node::client::begin(&c).await.expect("a query");
-                    let (_, batches) = retina_node::client::read_at(
-                        &c,
-                        "",
-                        store.as_ref(),
-                        "district",
-                        q,
-                        Some(&[REPLAY_FRESH_TS[2]]),
-                    )
-                    .await
-                    .expect("a read");
-                    let _ = retina_node::client::end(&c, q).await;
-                    let newest = batches
-                        .iter()
-                        .filter_map(|b| {
-                            arrow::compute::max(
-                                b.column(0)
-                                    .as_any()
-                                    .downcast_ref::<arrow::array::TimestampMicrosecondArray>()?,
-                            )
-                        })
-                        .max()
-                        .unwrap_or(0);
-                    // The first second is warm-up (the driver catching up to its rate).
-                    if newest >= driver_start + WARM_UP_US {
-                        samples.push((start - newest) as f64 / 1000.0);
-                    }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let mut samples = runtime.block_on(async {
+            use arrow::array::AsArray;
+            use arrow::datatypes::TimestampMicrosecondType;
+            use futures::TryStreamExt;
+            let retina = retina_query::Retina::connect(addr, "")?;
+            let mut samples = Vec::new();
+            let end = Instant::now() + Duration::from_secs(seconds);
+            while Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let start = now_us();
+                let (_, stream) = retina.sql("SELECT max(fresh_ts) FROM district").await?;
+                let batches: Vec<_> = stream.try_collect().await?;
+                let newest = batches
+                    .iter()
+                    .filter(|b| b.num_rows() > 0)
+                    .map(|b| {
+                        b.column(0)
+                            .as_primitive::<TimestampMicrosecondType>()
+                            .value(0)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                // The first second is warm-up (the driver catching up to its rate).
+                if newest >= driver_start + WARM_UP_US {
+                    samples.push((start - newest) as f64 / 1000.0);
                 }
-                samples
-            })
-            .map_err(|e| anyhow::anyhow!("monitor executor: {e}"))?
-            .join()
-            .map_err(|e| anyhow::anyhow!("monitor executor: {e}"))?;
+            }
+            anyhow::Ok(samples)
+        })?;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         driver
             .join()
@@ -492,7 +478,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
     use retina_bench::ch::OrderLines;
     use retina_query::{Retina, Visibility};
     use retina_storage::{RowOp, TableOp};
-    const FILE_ROWS: u64 = 262_144;
+    const FILE_ROWS: u64 = 65_536;
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "bench")?);
     let orderline = catalog
         .resolve("orderline")
