@@ -311,8 +311,10 @@ fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
             let end = Instant::now() + Duration::from_secs(seconds);
             while Instant::now() < end {
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                // Freshness is measured from the moment the query's snapshot is fixed.
+                let session = retina.begin().await?;
                 let start = now_us();
-                let (_, stream) = retina.sql("SELECT max(fresh_ts) FROM district").await?;
+                let stream = session.sql("SELECT max(fresh_ts) FROM district").await?;
                 let batches: Vec<_> = stream.try_collect().await?;
                 let newest = batches
                     .iter()
