@@ -4,6 +4,7 @@
 //! store itself and applies VFoR, then ends the query. Runs on a glommio executor (the
 //! streams are glommio's); the DataFusion connector builds on the same steps.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -18,7 +19,9 @@ use retina_protocol::retina_capnp::{
     bitmaps_result, bootstrap, buffer_part, buffer_result, coordinator, coordinator_result, done,
     error, query_result, scan_plan_result, scan_service, scan_service_result,
 };
-use retina_storage::file::{Projection, filter_visible, get, read_visible};
+use retina_storage::file::{Projection, RowGroupInfo, filter_visible, get, read_visible};
+
+use crate::connection::{BufferPart, PartData, RowGroupBits};
 use retina_storage::{TableSchema, Timestamp};
 
 #[derive(Debug, thiserror::Error)]
@@ -240,70 +243,45 @@ pub async fn read_at(
     let snapshot = Timestamp::new(plan.get_snapshot())?;
     let (table_id, schema) = read_table(plan.get_table()?)?;
     let known: Vec<u64> = plan.get_files()?.iter().map(|f| f.get_file_id()).collect();
+    let mut scans = HashMap::new();
     let mut out = Vec::new();
     // The plan's regular files, whole, with the owner's bitmaps of all their row groups.
     for f in plan.get_files()? {
-        let groups = f.get_row_groups()?;
+        let groups = row_groups(f.get_row_groups()?);
         let owner = endpoint(f.get_owner()?.get_address()?.to_str()?)?;
-        let scan = scan_service(owner, token).await?;
-        let mut req = scan.bitmaps_request();
-        req.get().set_file_id(f.get_file_id());
-        req.get().set_snapshot(snapshot.get());
-        let mut list = req.get().init_row_groups(groups.len());
-        for g in 0..groups.len() {
-            list.set(g, g);
-        }
-        let resp = req.send().promise.await?;
-        let bitmaps = match resp.get()?.get_result()?.which()? {
-            bitmaps_result::Which::Ok(b) => b?,
-            bitmaps_result::Which::Error(e) => return Err(refused(e)),
-        };
-        let mut deleted = Vec::new();
-        let mut rows = 0u64;
-        for b in bitmaps {
-            append_bits(
-                &mut deleted,
-                rows,
-                &crate::connection::words(b.get_deleted()?),
-                b.get_rows(),
-            );
-            rows += b.get_rows();
-        }
+        let scan = cached_scan_service(&mut scans, owner, token).await?;
+        let all: Vec<u32> = (0..groups.len() as u32).collect();
+        let bits = bitmaps(&scan, f.get_file_id(), snapshot, &all).await?;
+        let deleted = file_bitmap(&groups, &bits);
         let bytes = get(store, &Path::from(f.get_path()?.to_str()?)).await?;
         out.extend(read_visible(
             bytes, &schema, snapshot, &deleted, projection,
         )?);
     }
-    for endpoint_reader in plan.get_buffers()? {
-        let addr = endpoint(endpoint_reader.get_address()?.to_str()?)?;
-        let scan = scan_service(addr, token).await?;
-        let mut req = scan.write_buffer_request();
-        req.get().set_table(table_id);
-        req.get().set_snapshot(snapshot.get());
-        let mut k = req.get().init_known_files(known.len() as u32);
-        for (i, f) in known.iter().enumerate() {
-            k.set(i as u32, *f);
-        }
-        let resp = req.send().promise.await?;
-        let parts = match resp.get()?.get_result()?.which()? {
-            buffer_result::Which::Ok(p) => p?,
-            buffer_result::Which::Error(e) => return Err(refused(e)),
-        };
-        for part in parts {
-            let deleted = crate::connection::words(part.get_deleted()?);
-            match part.which()? {
-                buffer_part::Which::Memory(ipc) => {
-                    let reader = arrow::ipc::reader::StreamReader::try_new(ipc?, None)?;
-                    for batch in reader {
+    for e in plan.get_buffers()? {
+        let addr = endpoint(e.get_address()?.to_str()?)?;
+        let scan = cached_scan_service(&mut scans, addr, token).await?;
+        for part in write_buffer(&scan, table_id, snapshot, &known).await? {
+            match part.data {
+                PartData::Memory(batches) => {
+                    for batch in batches {
                         out.push(filter_visible(
-                            &batch?, &schema, snapshot, &deleted, projection,
+                            &batch,
+                            &schema,
+                            snapshot,
+                            &part.deleted,
+                            projection,
                         )?);
                     }
                 }
-                buffer_part::Which::Path(path) => {
-                    let bytes = get(store, &Path::from(path?.to_str()?)).await?;
+                PartData::Path(path) => {
+                    let bytes = get(store, &Path::from(path)).await?;
                     out.extend(read_visible(
-                        bytes, &schema, snapshot, &deleted, projection,
+                        bytes,
+                        &schema,
+                        snapshot,
+                        &part.deleted,
+                        projection,
                     )?);
                 }
             }
@@ -312,22 +290,138 @@ pub async fn read_at(
     Ok((schema, out))
 }
 
+/// The scan service at `addr`, bootstrapped once per read.
+async fn cached_scan_service(
+    scans: &mut HashMap<SocketAddr, scan_service::Client>,
+    addr: SocketAddr,
+    token: &str,
+) -> Result<scan_service::Client, ClientError> {
+    if let Some(s) = scans.get(&addr) {
+        return Ok(s.clone());
+    }
+    let s = scan_service(addr, token).await?;
+    scans.insert(addr, s.clone());
+    Ok(s)
+}
+
+/// The bitmaps of `row_groups` of `file` at `snapshot`, from a scan service.
+pub async fn bitmaps(
+    scan: &scan_service::Client,
+    file: u64,
+    snapshot: Timestamp,
+    row_groups: &[u32],
+) -> Result<Vec<RowGroupBits>, ClientError> {
+    let mut req = scan.bitmaps_request();
+    req.get().set_file_id(file);
+    req.get().set_snapshot(snapshot.get());
+    let mut list = req.get().init_row_groups(row_groups.len() as u32);
+    for (i, g) in row_groups.iter().enumerate() {
+        list.set(i as u32, *g);
+    }
+    let resp = req.send().promise.await?;
+    match resp.get()?.get_result()?.which()? {
+        bitmaps_result::Which::Ok(list) => list?
+            .iter()
+            .map(|b| {
+                Ok(RowGroupBits {
+                    row_group: b.get_row_group(),
+                    rows: b.get_rows(),
+                    deleted: words(b.get_deleted()?),
+                })
+            })
+            .collect(),
+        bitmaps_result::Which::Error(e) => Err(refused(e)),
+    }
+}
+
+/// The write buffer of `table` at `snapshot` from a scan service, with the regular files it
+/// holds that are not in `known`.
+pub async fn write_buffer(
+    scan: &scan_service::Client,
+    table: u32,
+    snapshot: Timestamp,
+    known: &[u64],
+) -> Result<Vec<BufferPart>, ClientError> {
+    let mut req = scan.write_buffer_request();
+    req.get().set_table(table);
+    req.get().set_snapshot(snapshot.get());
+    let mut list = req.get().init_known_files(known.len() as u32);
+    for (i, f) in known.iter().enumerate() {
+        list.set(i as u32, *f);
+    }
+    let resp = req.send().promise.await?;
+    let parts = match resp.get()?.get_result()?.which()? {
+        buffer_result::Which::Ok(p) => p?,
+        buffer_result::Which::Error(e) => return Err(refused(e)),
+    };
+    let mut out = Vec::with_capacity(parts.len() as usize);
+    for part in parts {
+        let data = match part.which()? {
+            buffer_part::Which::Memory(ipc) => {
+                let reader = arrow::ipc::reader::StreamReader::try_new(ipc?, None)?;
+                PartData::Memory(reader.collect::<Result<_, _>>()?)
+            }
+            buffer_part::Which::Path(p) => PartData::Path(p?.to_str()?.to_owned()),
+        };
+        out.push(BufferPart {
+            file: part.get_file_id(),
+            offset: part.get_offset(),
+            rows: part.get_rows(),
+            deleted: words(part.get_deleted()?),
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// A plan's row groups, owned.
+pub(crate) fn row_groups(
+    list: capnp::struct_list::Reader<'_, retina_protocol::retina_capnp::row_group::Owned>,
+) -> Vec<RowGroupInfo> {
+    list.iter()
+        .map(|g| RowGroupInfo {
+            offset: g.get_offset(),
+            rows: g.get_rows(),
+            min_create_ts: g.get_min_create_ts(),
+            max_create_ts: g.get_max_create_ts(),
+        })
+        .collect()
+}
+
+/// A file's deleted rows as one bitmap (bit i = row i), from its row groups' bitmaps.
+pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBits]) -> Vec<u64> {
+    let rows: u64 = row_groups.iter().map(|g| g.rows).sum();
+    let mut out = vec![0u64; rows.div_ceil(64) as usize];
+    for b in bits {
+        let at = row_groups[b.row_group as usize].offset;
+        for (w, &word) in b.deleted.iter().enumerate() {
+            let mut word = word;
+            while word != 0 {
+                let i = at + w as u64 * 64 + u64::from(word.trailing_zeros());
+                word &= word - 1;
+                if i < rows {
+                    out[(i / 64) as usize] |= 1 << (i % 64);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A scan service's address as a plan gives it.
 pub(crate) fn endpoint(text: &str) -> Result<SocketAddr, ClientError> {
     text.parse()
         .map_err(|e| ClientError::BadPlan(format!("endpoint `{text}`: {e}")))
 }
 
-/// Appends the first `n` bits of `src` to the `len` bits of `dst`.
-fn append_bits(dst: &mut Vec<u64>, len: u64, src: &[u64], n: u64) {
-    dst.resize((len + n).div_ceil(64) as usize, 0);
-    for i in 0..n {
-        if src
-            .get((i / 64) as usize)
-            .is_some_and(|w| w >> (i % 64) & 1 == 1)
-        {
-            let at = len + i;
-            dst[(at / 64) as usize] |= 1 << (at % 64);
-        }
-    }
+/// Little-endian bytes as 64-bit words.
+pub fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
 }

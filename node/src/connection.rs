@@ -14,9 +14,7 @@ use std::time::Duration;
 use arrow::record_batch::RecordBatch;
 use glommio::{LocalExecutorBuilder, Placement};
 use retina_protocol::query::read_table;
-use retina_protocol::retina_capnp::{
-    bitmaps_result, buffer_part, buffer_result, coordinator, scan_plan_result, scan_service,
-};
+use retina_protocol::retina_capnp::{coordinator, scan_plan_result, scan_service};
 use retina_storage::file::RowGroupInfo;
 use retina_storage::{TableSchema, Timestamp};
 
@@ -427,16 +425,7 @@ impl Worker {
                 path: f.get_path()?.to_str()?.to_owned(),
                 bytes: f.get_bytes(),
                 owner: client::endpoint(f.get_owner()?.get_address()?.to_str()?)?,
-                row_groups: f
-                    .get_row_groups()?
-                    .iter()
-                    .map(|g| RowGroupInfo {
-                        offset: g.get_offset(),
-                        rows: g.get_rows(),
-                        min_create_ts: g.get_min_create_ts(),
-                        max_create_ts: g.get_max_create_ts(),
-                    })
-                    .collect(),
+                row_groups: client::row_groups(f.get_row_groups()?),
             });
         }
         let buffers = plan
@@ -469,28 +458,7 @@ impl Worker {
         snapshot: Timestamp,
         row_groups: &[u32],
     ) -> Result<Vec<RowGroupBits>, ClientError> {
-        let scan = self.scan(service).await?;
-        let mut req = scan.bitmaps_request();
-        req.get().set_file_id(file);
-        req.get().set_snapshot(snapshot.get());
-        let mut list = req.get().init_row_groups(row_groups.len() as u32);
-        for (i, g) in row_groups.iter().enumerate() {
-            list.set(i as u32, *g);
-        }
-        let resp = req.send().promise.await?;
-        match resp.get()?.get_result()?.which()? {
-            bitmaps_result::Which::Ok(list) => list?
-                .iter()
-                .map(|b| {
-                    Ok(RowGroupBits {
-                        row_group: b.get_row_group(),
-                        rows: b.get_rows(),
-                        deleted: words(b.get_deleted()?),
-                    })
-                })
-                .collect(),
-            bitmaps_result::Which::Error(e) => Err(client::refused(e)),
-        }
+        client::bitmaps(&self.scan(service).await?, file, snapshot, row_groups).await
     }
 
     async fn buffer(
@@ -500,37 +468,7 @@ impl Worker {
         snapshot: Timestamp,
         known: &[u64],
     ) -> Result<Vec<BufferPart>, ClientError> {
-        let scan = self.scan(service).await?;
-        let mut req = scan.write_buffer_request();
-        req.get().set_table(table);
-        req.get().set_snapshot(snapshot.get());
-        let mut list = req.get().init_known_files(known.len() as u32);
-        for (i, f) in known.iter().enumerate() {
-            list.set(i as u32, *f);
-        }
-        let resp = req.send().promise.await?;
-        let parts = match resp.get()?.get_result()?.which()? {
-            buffer_result::Which::Ok(p) => p?,
-            buffer_result::Which::Error(e) => return Err(client::refused(e)),
-        };
-        let mut out = Vec::with_capacity(parts.len() as usize);
-        for part in parts {
-            let data = match part.which()? {
-                buffer_part::Which::Memory(ipc) => {
-                    let reader = arrow::ipc::reader::StreamReader::try_new(ipc?, None)?;
-                    PartData::Memory(reader.collect::<Result<_, _>>()?)
-                }
-                buffer_part::Which::Path(p) => PartData::Path(p?.to_str()?.to_owned()),
-            };
-            out.push(BufferPart {
-                file: part.get_file_id(),
-                offset: part.get_offset(),
-                rows: part.get_rows(),
-                deleted: words(part.get_deleted()?),
-                data,
-            });
-        }
-        Ok(out)
+        client::write_buffer(&self.scan(service).await?, table, snapshot, known).await
     }
 }
 
@@ -549,16 +487,4 @@ fn query_info(
         }
         Which::Error(e) => Err(client::refused(e)),
     }
-}
-
-/// Little-endian bytes as 64-bit words.
-pub fn words(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks(8)
-        .map(|c| {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(w)
-        })
-        .collect()
 }

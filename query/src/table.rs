@@ -35,6 +35,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::path::Path;
+use retina_node::client::file_bitmap;
 use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
 use retina_storage::file::{filter_visible, get, read_visible};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
@@ -193,7 +194,13 @@ impl TableProvider for RetinaTable {
             // Row groups with deleted rows: read with the file's index (a partition column)
             // and each row's number in its file (a virtual column), keep the rows whose bit
             // is clear, and drop the two columns again.
-            let bitmaps = file_bitmaps(&plan.files, &bitmaps);
+            let bitmaps = Arc::new(
+                plan.files
+                    .iter()
+                    .zip(&bitmaps)
+                    .map(|(f, bits)| file_bitmap(&f.row_groups, bits))
+                    .collect(),
+            );
             let n = file_schema.fields().len();
             let mut columns = projection.clone();
             columns.extend([n, n + 1]);
@@ -429,34 +436,6 @@ fn parquet_scan(
 const FILE_COLUMN: &str = "_retina_file";
 /// The virtual column a masked scan numbers rows with, within their file.
 const ROW_COLUMN: &str = "_retina_row";
-
-/// Each file's deleted rows as one bitmap over the file (bit i = row i).
-fn file_bitmaps(files: &[PlannedFile], bitmaps: &[Vec<RowGroupBits>]) -> Arc<Vec<Vec<u64>>> {
-    Arc::new(
-        files
-            .iter()
-            .zip(bitmaps)
-            .map(|(file, bits)| {
-                let rows: u64 = file.row_groups.iter().map(|g| g.rows).sum();
-                let mut out = vec![0u64; rows.div_ceil(64) as usize];
-                for b in bits {
-                    let at = file.row_groups[b.row_group as usize].offset;
-                    for (w, &word) in b.deleted.iter().enumerate() {
-                        let mut word = word;
-                        while word != 0 {
-                            let i = at + w as u64 * 64 + u64::from(word.trailing_zeros());
-                            word &= word - 1;
-                            if i < rows {
-                                out[(i / 64) as usize] |= 1 << (i % 64);
-                            }
-                        }
-                    }
-                }
-                out
-            })
-            .collect(),
-    )
-}
 
 /// `retina_not_deleted(file, row)`: whether the row is live at the query's snapshot.
 #[derive(Debug)]
