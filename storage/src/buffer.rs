@@ -528,3 +528,171 @@ impl WriteBuffer {
         total
     }
 }
+
+/// A sealed block as a checkpoint holds it.
+pub enum BlockImage {
+    /// In the object store at [`block_path`].
+    Flushed,
+    Memory(RecordBatch),
+}
+
+/// A virtual file as a checkpoint holds it.
+pub struct VirtualFileImage {
+    pub id: FileId,
+    pub first_row: RowId,
+    pub rows: u64,
+    pub capacity: u64,
+    pub sealed: Vec<BlockImage>,
+    /// The rows of the partly filled block, if any.
+    pub active: Option<RecordBatch>,
+}
+
+/// A write buffer as a checkpoint holds it: every row it has, in memory or by path.
+pub struct BufferImage {
+    pub next_row: u64,
+    pub files: Vec<VirtualFileImage>,
+}
+
+impl WriteBuffer {
+    /// The buffer as it is now, for a checkpoint. A block being flushed counts as in memory:
+    /// the checkpoint must not depend on a write that may not finish.
+    pub fn image(&self) -> BufferImage {
+        BufferImage {
+            next_row: self.next_row,
+            files: self
+                .files
+                .iter()
+                .map(|f| VirtualFileImage {
+                    id: f.id,
+                    first_row: f.first_row,
+                    rows: f.rows,
+                    capacity: f.capacity,
+                    sealed: f
+                        .sealed
+                        .iter()
+                        .map(|s| match s {
+                            BlockState::Immutable(b) | BlockState::Flushing(b) => {
+                                BlockImage::Memory(b.clone())
+                            }
+                            BlockState::Flushed => BlockImage::Flushed,
+                        })
+                        .collect(),
+                    active: f
+                        .active
+                        .as_ref()
+                        .filter(|a| a.rows() > 0)
+                        .map(|a| a.snapshot(&self.schema)),
+                })
+                .collect(),
+        }
+    }
+
+    /// The objects the buffer reads: its flushed blocks.
+    pub fn flushed_blocks(&self) -> Vec<Path> {
+        let table = self.schema.name();
+        let mut out = Vec::new();
+        for f in &self.files {
+            for (index, s) in f.sealed.iter().enumerate() {
+                if matches!(s, BlockState::Flushed) {
+                    out.push(block_path(
+                        table,
+                        BlockId {
+                            file: f.id,
+                            index: index as u32,
+                        },
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The buffer a checkpoint holds. Its blocks' rows are checked against the layout: every
+    /// sealed block full, the active one holding the rest.
+    pub fn from_image(
+        schema: Arc<TableSchema>,
+        config: &StorageConfig,
+        image: BufferImage,
+    ) -> crate::error::Result<Self> {
+        let corrupt = |reason: String| crate::error::StorageError::Corrupt {
+            what: format!("the write buffer of `{}` in a checkpoint", schema.name()),
+            reason,
+        };
+        let block_rows = config.block_rows as usize;
+        let mut types: Vec<ColumnType> = schema.columns().iter().map(|c| c.ty).collect();
+        types.push(ColumnType::Int64);
+        let mut files = VecDeque::new();
+        for f in image.files {
+            let sealed_rows = (f.sealed.len() * block_rows) as u64;
+            let active_rows = f.active.as_ref().map_or(0, |b| b.num_rows() as u64);
+            if f.capacity != config.file_rows
+                || sealed_rows + active_rows != f.rows
+                || f.rows > f.capacity
+                || active_rows >= block_rows as u64
+            {
+                return Err(corrupt(format!(
+                    "file {} holds {} rows in {} sealed blocks and {active_rows} active rows \
+                     (capacity {}); the settings' block and file rows must be the checkpoint's",
+                    f.id,
+                    f.rows,
+                    f.sealed.len(),
+                    f.capacity
+                )));
+            }
+            let mut sealed = Vec::with_capacity(f.sealed.len());
+            for b in f.sealed {
+                sealed.push(match b {
+                    BlockImage::Flushed => BlockState::Flushed,
+                    BlockImage::Memory(batch) => {
+                        if batch.num_rows() != block_rows || batch.schema() != *schema.arrow_schema() {
+                            return Err(corrupt(format!(
+                                "a sealed block of file {} does not match the table",
+                                f.id
+                            )));
+                        }
+                        BlockState::Immutable(batch)
+                    }
+                });
+            }
+            let active = match f.active {
+                None => None,
+                Some(batch) => {
+                    if batch.schema() != *schema.arrow_schema() {
+                        return Err(corrupt(format!(
+                            "the active block of file {} does not match the table",
+                            f.id
+                        )));
+                    }
+                    let mut a = ActiveBlock::new(&schema, block_rows);
+                    for row in crate::value::batch_rows(&batch, &types) {
+                        let (ts, values) = row.split_last().expect("_create_ts is last");
+                        for (col, v) in a.columns.iter_mut().zip(values) {
+                            col.push(v.as_ref());
+                        }
+                        match ts {
+                            crate::value::Value::Int(ts) => a.create_ts.push(*ts),
+                            other => return Err(corrupt(format!("_create_ts is {other:?}"))),
+                        }
+                    }
+                    Some(a)
+                }
+            };
+            files.push_back(VirtualFile {
+                id: f.id,
+                first_row: f.first_row,
+                rows: f.rows,
+                capacity: f.capacity,
+                sealed,
+                active,
+                combining: false,
+            });
+        }
+        Ok(WriteBuffer {
+            schema,
+            block_rows,
+            file_rows: config.file_rows,
+            files,
+            next_row: image.next_row,
+        })
+    }
+}

@@ -260,6 +260,11 @@ impl RowIdMap {
         })
     }
 
+    /// Every extent with the first row id it maps, in row-id order.
+    pub fn iter(&self) -> impl Iterator<Item = (RowId, Extent)> + '_ {
+        self.extents.iter().map(|(&first, &e)| (RowId(first), e))
+    }
+
     pub fn extents(&self) -> usize {
         self.extents.len()
     }

@@ -4,6 +4,7 @@
 //! async functions over `object_store` that the caller drives.
 
 pub mod buffer;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod fault;
@@ -18,6 +19,7 @@ pub mod value;
 pub mod visibility;
 
 pub use buffer::{BlockData, BlockId, WriteBuffer};
+pub use checkpoint::ShardImage;
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};
 pub use index::{FileId, PrimaryIndex, RowId, RowIdMap, RowLocation};

@@ -10,6 +10,7 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 
 use crate::buffer::{BlockData, BlockId, CombineJob, FlushJob, WriteBuffer, file_path};
+use crate::checkpoint::{FileImage, ShardImage, TableImage};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
 use crate::file::{self, Projection, RowGroupInfo};
@@ -81,6 +82,9 @@ struct FileEntry {
 /// begins after that can read them, so they go once LWM passes it.
 struct Retired {
     replaced_at: Timestamp,
+    /// The newest checkpoint taken before they left: it may still need them, so they stay
+    /// until a later checkpoint is complete.
+    after_checkpoint: u64,
     paths: Vec<Path>,
 }
 
@@ -167,6 +171,8 @@ pub struct Shard {
     tables: Vec<TableState>,
     next_file_seq: u64,
     applied_through: Timestamp,
+    /// The id of the newest checkpoint taken of this shard (0: none).
+    last_checkpoint: u64,
     plan: Plan,
 }
 
@@ -245,6 +251,7 @@ impl Shard {
             tables: Vec::new(),
             next_file_seq: first_file_seq,
             applied_through: Timestamp::GENESIS,
+            last_checkpoint: 0,
             plan: Plan::default(),
         })
     }
@@ -628,6 +635,7 @@ impl Shard {
             .regular = Some(groups);
         t.retired.push(Retired {
             replaced_at: applied,
+            after_checkpoint: self.last_checkpoint,
             paths: job.blocks,
         });
     }
@@ -636,12 +644,14 @@ impl Shard {
         self.tables[table as usize].buffer.combine_failed(file);
     }
 
-    /// Objects no query can read any more now that every query older than `lwm` has ended.
-    pub fn take_deletable(&mut self, lwm: Timestamp) -> Vec<Path> {
+    /// Objects no query can read any more now that every query older than `lwm` has ended,
+    /// and that no checkpoint a restart could load refers to: checkpoint `checkpointed` (and
+    /// every older one) is the newest complete one (`u64::MAX` when the node takes none).
+    pub fn take_deletable(&mut self, lwm: Timestamp, checkpointed: u64) -> Vec<Path> {
         let mut out = Vec::new();
         for t in &mut self.tables {
             t.retired.retain_mut(|r| {
-                if r.replaced_at < lwm {
+                if r.replaced_at < lwm && r.after_checkpoint < checkpointed {
                     out.append(&mut r.paths);
                     false
                 } else {
@@ -658,6 +668,7 @@ impl Shard {
         if let Some(t) = self.tables.first_mut() {
             t.retired.push(Retired {
                 replaced_at: Timestamp::GENESIS,
+                after_checkpoint: 0,
                 paths,
             });
         }
@@ -708,6 +719,146 @@ impl Shard {
             dropped += t.index.purge(safe_ts);
         }
         dropped
+    }
+
+    /// The shard as of its applied timestamp, for checkpoint `id` (ids grow): what
+    /// [`Self::from_image`] restores. Visibility is folded at the applied timestamp, since no
+    /// query after a restart reads below it. Objects retired from now on stay until a later
+    /// checkpoint is complete (see [`Self::take_deletable`]).
+    pub fn checkpoint(&mut self, id: u64) -> Result<ShardImage> {
+        assert!(id > self.last_checkpoint, "checkpoint ids grow");
+        let at = self.applied_through;
+        let mut tables = Vec::with_capacity(self.tables.len());
+        for t in &self.tables {
+            let mut files = Vec::with_capacity(t.files.len());
+            for (&fid, f) in &t.files {
+                let mut deleted = Vec::new();
+                f.visibility
+                    .bitmap_range(0, f.visibility.rows(), at, &mut deleted)?;
+                files.push(FileImage {
+                    id: fid,
+                    rows: f.visibility.rows(),
+                    deleted,
+                    regular: f.regular.clone(),
+                });
+            }
+            tables.push(TableImage {
+                name: t.schema.name().to_owned(),
+                keys: t
+                    .index
+                    .iter_latest()
+                    .filter_map(|(k, r)| r.map(|r| (k.to_vec(), r)))
+                    .collect(),
+                extents: t.row_ids.iter().collect(),
+                files,
+                buffer: t.buffer.image(),
+            });
+        }
+        self.last_checkpoint = id;
+        Ok(ShardImage {
+            shard: self.id,
+            applied_through: at,
+            next_file_seq: self.next_file_seq,
+            tables,
+        })
+    }
+
+    /// The shard a checkpoint image holds, with `schemas` as its tables in order (the
+    /// catalog's, which must be the checkpoint's). `checkpoint` is the image's id.
+    pub fn from_image(
+        config: StorageConfig,
+        schemas: &[Arc<TableSchema>],
+        image: ShardImage,
+        checkpoint: u64,
+    ) -> Result<Self> {
+        config.validate()?;
+        let corrupt = |reason: String| StorageError::Corrupt {
+            what: format!("the checkpoint of shard {}", image.shard),
+            reason,
+        };
+        let names: Vec<&str> = image.tables.iter().map(|t| t.name.as_str()).collect();
+        let want: Vec<&str> = schemas.iter().map(|s| s.name()).collect();
+        if names != want {
+            return Err(corrupt(format!(
+                "it holds tables {names:?}, the schema has {want:?}; start with the schema it \
+                 was taken with, or from an empty data directory"
+            )));
+        }
+        let at = image.applied_through;
+        let mut shard = Shard {
+            id: image.shard,
+            config,
+            tables: Vec::with_capacity(schemas.len()),
+            next_file_seq: image.next_file_seq,
+            applied_through: at,
+            last_checkpoint: checkpoint,
+            plan: Plan::default(),
+        };
+        for (t, schema) in image.tables.into_iter().zip(schemas) {
+            let mut index = PrimaryIndex::new();
+            for (k, r) in &t.keys {
+                index.put(k, at, *r)?;
+            }
+            let mut row_ids = RowIdMap::new();
+            for (first, x) in t.extents {
+                row_ids.map(first, x);
+            }
+            let mut files = BTreeMap::new();
+            for f in t.files {
+                let visibility =
+                    FileVisibility::from_bitmap(shard.config.tile_rows, f.rows, &f.deleted, at)?;
+                files.insert(
+                    f.id,
+                    FileEntry {
+                        visibility,
+                        regular: f.regular,
+                    },
+                );
+            }
+            let buffer = WriteBuffer::from_image(schema.clone(), &shard.config, t.buffer)?;
+            for vf in buffer.files() {
+                if files.get(&vf.id()).is_none_or(|f| f.visibility.rows() != vf.rows()) {
+                    return Err(corrupt(format!(
+                        "virtual file {} of `{}` has no visibility of its rows",
+                        vf.id(),
+                        schema.name()
+                    )));
+                }
+            }
+            shard.tables.push(TableState {
+                schema: schema.clone(),
+                index,
+                row_ids,
+                buffer,
+                files,
+                retired: Vec::new(),
+            });
+        }
+        Ok(shard)
+    }
+
+    /// Every object the shard reads: its tables' regular files and flushed blocks.
+    pub fn objects(&self) -> Vec<Path> {
+        let mut out = Vec::new();
+        for t in &self.tables {
+            for (&id, f) in &t.files {
+                if f.regular.is_some() {
+                    out.push(file_path(t.schema.name(), id));
+                }
+            }
+            out.extend(t.buffer.flushed_blocks());
+        }
+        out
+    }
+
+    /// The regular files of `table` with their row groups.
+    pub fn regular_files(&self, table: TableId) -> Result<Vec<(FileId, Vec<RowGroupInfo>)>> {
+        Ok(self
+            .table(table)?
+            .files
+            .iter()
+            .filter_map(|(&id, f)| f.regular.clone().map(|g| (id, g)))
+            .collect())
     }
 
     pub fn memory(&self) -> MemoryUsage {

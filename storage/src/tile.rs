@@ -91,6 +91,23 @@ impl TileVisibility {
         self.rows
     }
 
+    /// A tile whose deletes at or before `base_ts` are `base` (as from [`Self::bitmap_at`]) and
+    /// that knows no older past: what a checkpoint restores. A base without any deleted row
+    /// costs nothing.
+    pub fn from_base(rows: u32, base: &[u64], base_ts: Timestamp) -> Result<Self> {
+        check_tile_rows(rows)?;
+        assert_eq!(base.len(), rows as usize / 64, "base bitmap size");
+        Ok(TileVisibility {
+            base: base
+                .iter()
+                .any(|&w| w != 0)
+                .then(|| base.to_vec().into_boxed_slice()),
+            base_ts: base_ts.get(),
+            pending: None,
+            rows,
+        })
+    }
+
     /// Bitmap words per tile.
     pub fn words(&self) -> usize {
         self.rows as usize / 64

@@ -23,6 +23,32 @@ impl FileVisibility {
         })
     }
 
+    /// A file of `rows` rows whose deletes at or before `base_ts` are `deleted` (bit i = row
+    /// i, as from [`Self::bitmap_range`]), folded: what a checkpoint restores.
+    pub fn from_bitmap(tile_rows: u32, rows: u64, deleted: &[u64], base_ts: Timestamp) -> Result<Self> {
+        check_tile_rows(tile_rows)?;
+        if deleted.len() != rows.div_ceil(64) as usize {
+            return Err(StorageError::Corrupt {
+                what: "a visibility bitmap".into(),
+                reason: format!("{} words for {rows} rows", deleted.len()),
+            });
+        }
+        let words = tile_rows as usize / 64;
+        let tiles = deleted
+            .chunks(words)
+            .map(|chunk| {
+                let mut base = chunk.to_vec();
+                base.resize(words, 0);
+                TileVisibility::from_base(tile_rows, &base, base_ts)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FileVisibility {
+            tile_rows,
+            rows,
+            tiles,
+        })
+    }
+
     /// Rows the file holds (deleted or not).
     pub fn rows(&self) -> u64 {
         self.rows

@@ -78,6 +78,8 @@ enum Step {
     Flush,
     Gc { lag: u64 },
     Read { table: u32, lag: u64 },
+    /// Checkpoint, encode, decode and go on with the restored shard (a restart).
+    Restart,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -94,6 +96,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Flush),
         1 => (0u64..8).prop_map(|lag| Step::Gc { lag }),
         3 => (0u32..2, 0u64..12).prop_map(|(table, lag)| Step::Read { table, lag }),
+        1 => Just(Step::Restart),
     ]
 }
 
@@ -278,13 +281,14 @@ proptest! {
         } else {
             StorageConfig { tile_rows: 64, block_rows: 64, row_group_rows: 128, file_rows: 256, zstd_level: 1 }
         };
-        let mut shard = Shard::new(0, config).unwrap();
+        let mut shard = Shard::new(0, config.clone()).unwrap();
         for s in schemas() {
             shard.add_table(s);
         }
         let mut model = Model { history: vec![(1, [TableModel::new(), TableModel::new()])] };
         let mut next = 2u64;
         let mut gc_to = 1u64;
+        let mut checkpoints = 0u64;
         for step in steps {
             match step {
                 Step::Txn(ops) => {
@@ -305,6 +309,14 @@ proptest! {
                     }
                 }
                 Step::Flush => block_on(shard.flush_and_combine(store.as_ref())).unwrap(),
+                Step::Restart => {
+                    checkpoints += 1;
+                    let bytes = shard.checkpoint(checkpoints).unwrap().encode().unwrap();
+                    let image = retina_storage::ShardImage::decode(&bytes).unwrap();
+                    shard = Shard::from_image(config.clone(), &schemas(), image, checkpoints).unwrap();
+                    // A restored shard knows no past before its checkpoint.
+                    gc_to = next - 1;
+                }
                 Step::Gc { lag } => {
                     let at = (next - 1).saturating_sub(lag).max(gc_to);
                     shard.gc(Timestamp::new(at).unwrap());
@@ -437,4 +449,33 @@ fn rejected_operations_name_the_key_and_change_nothing() {
         )
     );
     assert_eq!(shard.applied_through(), ts(2));
+}
+
+#[test]
+fn a_damaged_checkpoint_is_refused() {
+    let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
+    for s in schemas() {
+        shard.add_table(s);
+    }
+    let ops = vec![TableOp {
+        table: 0,
+        op: RowOp::Insert(row(0, 7, 3)),
+    }];
+    shard.apply(Timestamp::new(2).unwrap(), &ops).unwrap();
+    let bytes = shard.checkpoint(1).unwrap().encode().unwrap();
+    assert!(retina_storage::ShardImage::decode(&bytes).is_ok());
+    for cut in [bytes.len() - 1, bytes.len() / 2, 9] {
+        let err = retina_storage::ShardImage::decode(&bytes[..cut]).err().unwrap();
+        assert!(err.to_string().contains("checkpoint"), "{err}");
+    }
+    let mut flipped = bytes.clone();
+    flipped[40] ^= 1;
+    let err = retina_storage::ShardImage::decode(&flipped).err().unwrap();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    // A schema other than the checkpoint's is refused by name.
+    let image = retina_storage::ShardImage::decode(&bytes).unwrap();
+    let err = Shard::from_image(StorageConfig::default(), &schemas()[..1], image, 1)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("schema"), "{err}");
 }

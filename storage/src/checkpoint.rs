@@ -1,0 +1,345 @@
+//! A shard's checkpoint image: everything a shard holds as of one applied timestamp (its
+//! tables' live index entries, row-id maps, file visibility folded at that timestamp, regular
+//! files' row groups, and write buffers with their in-memory rows), and its byte encoding.
+//!
+//! The encoding is little-endian, length-prefixed, begins with a magic and a version, and ends
+//! with an FNV-1a checksum of everything before it, so a torn or damaged file is refused rather
+//! than restored. In-memory blocks travel as Arrow IPC streams.
+
+use std::io::Cursor;
+
+use arrow::ipc::reader::StreamReader;
+use arrow::ipc::writer::StreamWriter;
+use arrow::record_batch::RecordBatch;
+
+use crate::buffer::{BlockImage, BufferImage, VirtualFileImage};
+use crate::error::{Result, StorageError};
+use crate::file::RowGroupInfo;
+use crate::index::{Extent, FileId, RowId};
+use crate::ts::Timestamp;
+
+const MAGIC: &[u8; 8] = b"RTNACKPT";
+const VERSION: u32 = 1;
+
+/// One shard as of `applied_through`.
+pub struct ShardImage {
+    pub shard: u16,
+    pub applied_through: Timestamp,
+    pub next_file_seq: u64,
+    pub tables: Vec<TableImage>,
+}
+
+/// One table of a shard.
+pub struct TableImage {
+    pub name: String,
+    /// Every live key with its row id.
+    pub keys: Vec<(Vec<u8>, RowId)>,
+    pub extents: Vec<(RowId, Extent)>,
+    pub files: Vec<FileImage>,
+    pub buffer: BufferImage,
+}
+
+/// One file's visibility at the image's timestamp and, once combined, its row groups.
+pub struct FileImage {
+    pub id: FileId,
+    pub rows: u64,
+    /// Deleted rows, bit i = row i.
+    pub deleted: Vec<u64>,
+    pub regular: Option<Vec<RowGroupInfo>>,
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn len(&mut self, n: usize) {
+        self.u64(n as u64);
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.len(b.len());
+        self.0.extend_from_slice(b);
+    }
+    fn batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        let mut out = Vec::new();
+        let mut w = StreamWriter::try_new(&mut out, &batch.schema())?;
+        w.write(batch)?;
+        w.finish()?;
+        drop(w);
+        self.bytes(&out);
+        Ok(())
+    }
+}
+
+struct Dec<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Dec<'a> {
+    fn corrupt(&self, reason: impl Into<String>) -> StorageError {
+        StorageError::Corrupt {
+            what: "a shard checkpoint".into(),
+            reason: format!("at byte {}: {}", self.at, reason.into()),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.bytes.len() - self.at < n {
+            return Err(self.corrupt(format!("{n} bytes past the end")));
+        }
+        let out = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn len(&mut self) -> Result<usize> {
+        let n = self.u64()?;
+        // No count can exceed the bytes left: refuse a damaged length before allocating.
+        if n > (self.bytes.len() - self.at) as u64 {
+            return Err(self.corrupt(format!("a length of {n}")));
+        }
+        Ok(n as usize)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.len()?;
+        self.take(n)
+    }
+    fn ts(&mut self) -> Result<Timestamp> {
+        let raw = self.u64()?;
+        Timestamp::new(raw).map_err(|_| self.corrupt(format!("timestamp {raw}")))
+    }
+    fn batch(&mut self) -> Result<RecordBatch> {
+        let bytes = self.bytes()?;
+        let mut r = StreamReader::try_new(Cursor::new(bytes), None)?;
+        let batch = r
+            .next()
+            .ok_or_else(|| self.corrupt("an empty block"))??;
+        Ok(batch)
+    }
+}
+
+impl ShardImage {
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let mut e = Enc(Vec::with_capacity(1 << 16));
+        e.0.extend_from_slice(MAGIC);
+        e.u32(VERSION);
+        e.u32(u32::from(self.shard));
+        e.u64(self.applied_through.get());
+        e.u64(self.next_file_seq);
+        e.len(self.tables.len());
+        for t in &self.tables {
+            e.bytes(t.name.as_bytes());
+            e.len(t.keys.len());
+            for (k, r) in &t.keys {
+                e.bytes(k);
+                e.u64(r.0);
+            }
+            e.len(t.extents.len());
+            for (first, x) in &t.extents {
+                e.u64(first.0);
+                e.u64(x.file.0);
+                e.u64(x.offset);
+                e.u64(x.rows);
+            }
+            e.len(t.files.len());
+            for f in &t.files {
+                e.u64(f.id.0);
+                e.u64(f.rows);
+                e.len(f.deleted.len());
+                for w in &f.deleted {
+                    e.u64(*w);
+                }
+                match &f.regular {
+                    None => e.u8(0),
+                    Some(groups) => {
+                        e.u8(1);
+                        e.len(groups.len());
+                        for g in groups {
+                            e.u64(g.offset);
+                            e.u64(g.rows);
+                            e.u64(g.min_create_ts);
+                            e.u64(g.max_create_ts);
+                        }
+                    }
+                }
+            }
+            e.u64(t.buffer.next_row);
+            e.len(t.buffer.files.len());
+            for f in &t.buffer.files {
+                e.u64(f.id.0);
+                e.u64(f.first_row.0);
+                e.u64(f.rows);
+                e.u64(f.capacity);
+                e.len(f.sealed.len());
+                for b in &f.sealed {
+                    match b {
+                        BlockImage::Flushed => e.u8(0),
+                        BlockImage::Memory(batch) => {
+                            e.u8(1);
+                            e.batch(batch)?;
+                        }
+                    }
+                }
+                match &f.active {
+                    None => e.u8(0),
+                    Some(batch) => {
+                        e.u8(1);
+                        e.batch(batch)?;
+                    }
+                }
+            }
+        }
+        let sum = fnv1a(&e.0);
+        e.u64(sum);
+        Ok(e.0)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let corrupt = |reason: &str| StorageError::Corrupt {
+            what: "a shard checkpoint".into(),
+            reason: reason.into(),
+        };
+        if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(corrupt("not a checkpoint (bad magic)"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        if fnv1a(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+            return Err(corrupt("the checksum does not match (a torn or damaged file)"));
+        }
+        let mut d = Dec {
+            bytes: body,
+            at: MAGIC.len(),
+        };
+        let version = d.u32()?;
+        if version != VERSION {
+            return Err(d.corrupt(format!("version {version}, this build reads {VERSION}")));
+        }
+        let shard = d.u32()?;
+        let shard = u16::try_from(shard).map_err(|_| d.corrupt(format!("shard {shard}")))?;
+        let applied_through = d.ts()?;
+        let next_file_seq = d.u64()?;
+        let mut tables = Vec::new();
+        for _ in 0..d.len()? {
+            let name = String::from_utf8(d.bytes()?.to_vec())
+                .map_err(|_| d.corrupt("a table name that is not UTF-8"))?;
+            let mut keys = Vec::new();
+            for _ in 0..d.len()? {
+                let k = d.bytes()?.to_vec();
+                keys.push((k, RowId(d.u64()?)));
+            }
+            let mut extents = Vec::new();
+            for _ in 0..d.len()? {
+                let first = RowId(d.u64()?);
+                let x = Extent {
+                    file: FileId(d.u64()?),
+                    offset: d.u64()?,
+                    rows: d.u64()?,
+                };
+                extents.push((first, x));
+            }
+            let mut files = Vec::new();
+            for _ in 0..d.len()? {
+                let id = FileId(d.u64()?);
+                let rows = d.u64()?;
+                let mut deleted = Vec::new();
+                for _ in 0..d.len()? {
+                    deleted.push(d.u64()?);
+                }
+                let regular = match d.u8()? {
+                    0 => None,
+                    1 => {
+                        let mut groups = Vec::new();
+                        for _ in 0..d.len()? {
+                            groups.push(RowGroupInfo {
+                                offset: d.u64()?,
+                                rows: d.u64()?,
+                                min_create_ts: d.u64()?,
+                                max_create_ts: d.u64()?,
+                            });
+                        }
+                        Some(groups)
+                    }
+                    t => return Err(d.corrupt(format!("file tag {t}"))),
+                };
+                files.push(FileImage {
+                    id,
+                    rows,
+                    deleted,
+                    regular,
+                });
+            }
+            let next_row = d.u64()?;
+            let mut vfiles = Vec::new();
+            for _ in 0..d.len()? {
+                let id = FileId(d.u64()?);
+                let first_row = RowId(d.u64()?);
+                let rows = d.u64()?;
+                let capacity = d.u64()?;
+                let mut sealed = Vec::new();
+                for _ in 0..d.len()? {
+                    sealed.push(match d.u8()? {
+                        0 => BlockImage::Flushed,
+                        1 => BlockImage::Memory(d.batch()?),
+                        t => return Err(d.corrupt(format!("block tag {t}"))),
+                    });
+                }
+                let active = match d.u8()? {
+                    0 => None,
+                    1 => Some(d.batch()?),
+                    t => return Err(d.corrupt(format!("active-block tag {t}"))),
+                };
+                vfiles.push(VirtualFileImage {
+                    id,
+                    first_row,
+                    rows,
+                    capacity,
+                    sealed,
+                    active,
+                });
+            }
+            tables.push(TableImage {
+                name,
+                keys,
+                extents,
+                files,
+                buffer: BufferImage {
+                    next_row,
+                    files: vfiles,
+                },
+            });
+        }
+        if d.at != body.len() {
+            return Err(d.corrupt("trailing bytes"));
+        }
+        Ok(ShardImage {
+            shard,
+            applied_through,
+            next_file_seq,
+            tables,
+        })
+    }
+}
