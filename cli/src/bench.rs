@@ -144,6 +144,7 @@ fn replay(
                 settings: settings.clone(),
                 listen: None,
                 auth_token: None,
+                await_source: false,
             })
         };
         for run in 0..runs {
@@ -158,6 +159,7 @@ fn replay(
                 dead_letter: data.join("dead.jsonl"),
                 max_group_txns: settings.max_group_txns,
                 group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
+                checkpoint_interval: None,
             };
             let start = Instant::now();
             let report = run_sink(node.handle(), &options, &AtomicBool::new(false));
@@ -248,6 +250,7 @@ fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
             },
             listen: Some("127.0.0.1:0".parse()?),
             auth_token: None,
+            await_source: false,
         })?;
         let h = node.handle().clone();
         // About 22 rows per NewOrder; enough for the run and a margin.
@@ -380,6 +383,7 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
         settings,
         listen: Some("127.0.0.1:0".parse()?),
         auth_token: None,
+        await_source: false,
     })?;
     let h = node.handle().clone();
     let rows: Vec<_> = (0..8192i64)
@@ -496,6 +500,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
         },
         listen: Some("127.0.0.1:0".parse()?),
         auth_token: None,
+        await_source: false,
     })?;
     let h = node.handle().clone();
     let lines: Vec<_> = OrderLines::new(7, 10).take(rows).collect();

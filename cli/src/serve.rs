@@ -70,6 +70,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
     let max_group_txns = settings.max_group_txns;
     let group_commit_interval = Duration::from_millis(settings.group_commit_interval_ms);
+    let checkpoint_interval = (settings.checkpoint_interval_ms > 0)
+        .then(|| Duration::from_millis(settings.checkpoint_interval_ms));
     let shards = settings.shard_count();
     let node = Node::start(NodeOptions {
         data_dir: args.data_dir.clone(),
@@ -77,6 +79,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         settings,
         listen: Some(args.listen),
         auth_token: args.auth_token.clone(),
+        // Queries wait until the sink replayed what the source held before a restart.
+        await_source: true,
     })?;
     if let Some(addr) = node.coordinator_addr() {
         tracing::info!("coordinator service (Cap'n Proto) on {addr}");
@@ -118,6 +122,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| args.data_dir.join("dead-letter.jsonl")),
         max_group_txns,
         group_commit_interval,
+        checkpoint_interval,
     };
     let sink = {
         let handle = handle.clone();

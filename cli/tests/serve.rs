@@ -267,12 +267,30 @@ fn lake_files(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::Pa
     out
 }
 
+/// Waits until the metrics satisfy `done`.
+fn wait_metrics(child: &mut Child, port: u16, done: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let m = metrics(port).unwrap_or_default();
+        if done(&m) {
+            return m;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "retina serve exited early"
+        );
+        assert!(start.elapsed() < Duration::from_secs(30), "{m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
-fn a_restart_never_reuses_timestamps_or_overwrites_files() {
+fn a_restart_resumes_from_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
-    std::fs::write(dir.path().join("in.json"), stream(600)).unwrap();
-    let source = format!("file:{}", dir.path().join("in.json").display());
+    let path = dir.path().join("in.json");
+    std::fs::write(&path, stream(600)).unwrap();
+    let source = format!("file:{}", path.display());
     let small = [
         "--set",
         "tile_rows=64",
@@ -284,58 +302,73 @@ fn a_restart_never_reuses_timestamps_or_overwrites_files() {
         "file_rows=256",
         "--set",
         "flush_interval_ms=5",
+        "--set",
+        "checkpoint_interval_ms=20",
     ];
     let port = free_port();
     let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &small);
     wait_done(&mut child, port, 602.0);
     std::thread::sleep(Duration::from_millis(200));
     stop(child);
+    let state = std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap();
+    // The clean stop checkpointed everything: the last transaction has timestamp 601.
+    assert!(state.contains("checkpoint_ts=601\n"), "{state}");
     let first = lake_files(dir.path());
     assert!(!first.is_empty(), "blocks were flushed");
-    let state = std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap();
-    let reserved: u64 = state
-        .lines()
-        .find_map(|l| l.strip_prefix("reserved_through="))
-        .unwrap()
-        .parse()
-        .unwrap();
 
+    // 300 more transactions arrive while it is down; a restart replays only those, with the
+    // timestamps that follow.
+    let all = stream(900);
+    let tail: String = all
+        .lines()
+        .skip(600 * 3)
+        .map(|l| l.to_owned() + "\n")
+        .collect();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(tail.as_bytes()).unwrap();
+    drop(f);
     let port = free_port();
     let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &small);
-    let start = Instant::now();
-    loop {
-        let m = metrics(port).unwrap_or_default();
-        if metric(&m, "retina_source_done") == Some(1.0)
-            && metric(&m, "retina_hwm").is_some_and(|h| h > reserved as f64 + 600.0)
-        {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "retina serve exited early"
-        );
-        assert!(start.elapsed() < Duration::from_secs(30), "{m}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    let m = wait_metrics(&mut child, port, |m| {
+        metric(m, "retina_source_done") == Some(1.0) && metric(m, "retina_hwm") == Some(902.0)
+    });
+    assert_eq!(metric(&m, "retina_rows_applied_total"), Some(300.0), "{m}");
+    assert_eq!(metric(&m, "retina_replay_stopped"), Some(0.0));
+    std::thread::sleep(Duration::from_millis(100));
     let log = stop(child);
-    assert!(
-        log.contains("recovery from checkpoints is not built yet"),
-        "{log}"
-    );
+    assert!(log.contains("resuming from checkpoint"), "{log}");
+    // Files the first run combined are read as they were, never rewritten.
     let second = lake_files(dir.path());
-    for (path, bytes) in &first {
-        assert_eq!(
-            second.get(path),
-            Some(bytes),
-            "{} was overwritten",
-            path.display()
-        );
+    for (path, bytes) in first
+        .iter()
+        .filter(|(p, _)| !p.to_string_lossy().contains("/buffer/"))
+    {
+        assert_eq!(second.get(path), Some(bytes), "{} changed", path.display());
     }
-    assert!(
-        second.len() > first.len(),
-        "the second run wrote files of its own"
-    );
+
+    // A restart with another shard count is refused with the reason.
+    let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args([
+            "serve",
+            "--shards",
+            "3",
+            "--listen",
+            "127.0.0.1:0",
+            "--source",
+            &source,
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--schema")
+        .arg(dir.path().join("s.sql"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("start with --shards 2"), "{err}");
 }
 
 /// Starts `retina serve` on ephemeral ports and returns it with its coordinator's address

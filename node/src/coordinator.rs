@@ -1,20 +1,16 @@
-//! The coordinator's state: the timestamp allocator, HWM, LWM and running queries. Only state
-//! changes live here, deterministic and synchronous (build, check, apply); the actor that
-//! decides when to make them lives with the runtime.
+//! The coordinator's state: the timestamp allocator, HWM, LWM, running queries and checkpoint
+//! records. Only state changes live here, deterministic and synchronous (build, check, apply);
+//! the actor that decides when to make them lives with the runtime.
 //!
-//! Timestamps are handed out in batches (group begin) and reserved ahead durably: the state
-//! file records the highest timestamp that may have been handed out, so after a restart the
-//! allocator starts above it and no timestamp is ever issued twice.
+//! Timestamps restart after the newest complete checkpoint: a restarted node replays the
+//! source from the checkpoint's position, so every redone transaction gets the timestamp it
+//! had before the crash, and nothing with a later timestamp survived the restart.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use retina_storage::{Hwm, Lwm, StorageError, Timestamp};
-
-/// Timestamps reserved per durable write of the allocator.
-pub const TS_RESERVATION: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
@@ -53,52 +49,89 @@ struct Query {
     lease_until_ms: u64,
 }
 
-/// What the coordinator persists: enough that timestamps never repeat and HWM never goes back.
+/// Where in the source a checkpoint was taken: every transaction before it has a timestamp at
+/// or below the checkpoint's, every one after it a later one.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SourceMark {
+    /// Bytes of the source before the position.
+    pub offset: u64,
+    /// Lines before it (so errors after a restart name the right line).
+    pub line: u64,
+}
+
+/// A complete checkpoint: every shard's image as of `ts` is durable under
+/// [`checkpoint_dir`]`(data_dir, id)`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointRecord {
+    pub id: u64,
+    pub ts: Timestamp,
+    pub shards: u16,
+    pub source: SourceMark,
+}
+
+/// Where checkpoint `id`'s shard images are.
+pub fn checkpoint_dir(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir.join("checkpoints").join(format!("{id:016}"))
+}
+
+/// What the coordinator persists: the newest complete checkpoint, and the newest HWM it may have
+/// shown a query (so that after a restart no query sees less than one did before).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Persisted {
-    /// Every timestamp up to here may have been handed out.
-    pub reserved_through: u64,
     pub hwm: Hwm,
-    /// How many times a node started on this data directory; each run allocates file ids in
-    /// a range of its own.
-    pub runs: u64,
+    pub checkpoint: Option<CheckpointRecord>,
 }
 
 impl Default for Persisted {
     fn default() -> Self {
         Persisted {
-            reserved_through: Timestamp::GENESIS.get(),
             hwm: Hwm::INITIAL,
-            runs: 0,
+            checkpoint: None,
         }
     }
 }
 
+/// A checkpoint whose barrier is on its way through the shards.
+struct PendingCheckpoint {
+    record: CheckpointRecord,
+    confirmed: Vec<bool>,
+}
+
 pub struct CoordinatorState {
-    runs: u64,
     /// The first timestamp this run hands out.
     first_ts: u64,
     next_ts: u64,
-    reserved_through: u64,
     applied: Vec<Timestamp>,
     hwm: Hwm,
+    /// The newest HWM persisted: a query may have seen up to it before a restart.
+    shown_hwm: Hwm,
     queries: BTreeMap<QueryId, Query>,
     next_query: QueryId,
+    checkpoint: Option<CheckpointRecord>,
+    pending_checkpoint: Option<PendingCheckpoint>,
+    /// Queries begin once HWM passes this; `None` while the sink has not said how far the
+    /// source reached before the restart.
+    ready_at: Option<Timestamp>,
 }
 
 impl CoordinatorState {
-    /// The state of a node with `shards` shards, resuming from what was persisted.
-    pub fn new(shards: u16, persisted: Persisted) -> Self {
-        let resumed = persisted.hwm.snapshot();
+    /// The state of a node with `shards` shards, resuming after the persisted checkpoint (or
+    /// from the start without one). With `await_source`, queries wait for
+    /// [`Self::caught_up`]; else until HWM is back where it was persisted.
+    pub fn new(shards: u16, persisted: Persisted, await_source: bool) -> Self {
+        let resumed = persisted.checkpoint.map_or(Timestamp::GENESIS, |c| c.ts);
+        let hwm = Hwm::after(resumed).expect("a checkpoint timestamp is below the maximum");
         CoordinatorState {
-            runs: persisted.runs,
-            first_ts: persisted.reserved_through + 1,
-            next_ts: persisted.reserved_through + 1,
-            reserved_through: persisted.reserved_through,
+            first_ts: resumed.get() + 1,
+            next_ts: resumed.get() + 1,
             applied: vec![resumed; shards.into()],
-            hwm: persisted.hwm,
+            hwm,
+            shown_hwm: persisted.hwm.max(hwm),
             queries: BTreeMap::new(),
             next_query: 1,
+            checkpoint: persisted.checkpoint,
+            pending_checkpoint: None,
+            ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
         }
     }
 
@@ -126,29 +159,101 @@ impl CoordinatorState {
         self.next_ts - 1
     }
 
-    /// Hands out `n` consecutive timestamps (group begin). When the batch crosses the durable
-    /// reservation, returns the new state to persist *before* the timestamps are used.
-    pub fn allocate(
-        &mut self,
-        n: u64,
-    ) -> Result<(RangeInclusive<u64>, Option<Persisted>), CoordinatorError> {
+    /// Hands out `n` consecutive timestamps (group begin).
+    pub fn allocate(&mut self, n: u64) -> Result<RangeInclusive<u64>, CoordinatorError> {
         assert!(n > 0, "allocate at least one timestamp");
         let first = self.next_ts;
         let last = first + n - 1;
         Timestamp::new(last)?;
         self.next_ts = last + 1;
-        let persist = (last > self.reserved_through).then(|| {
-            self.reserved_through = (last + TS_RESERVATION).min(Timestamp::MAX_RAW);
-            self.persisted()
-        });
-        Ok((first..=last, persist))
+        Ok(first..=last)
     }
 
+    /// What to persist now; it covers the current HWM, so queries may be shown it once it is
+    /// durable ([`Self::persisted_hwm`]).
     pub fn persisted(&self) -> Persisted {
         Persisted {
-            reserved_through: self.reserved_through,
             hwm: self.hwm,
-            runs: self.runs,
+            checkpoint: self.checkpoint,
+        }
+    }
+
+    /// `p` (from [`Self::persisted`]) is durable.
+    pub fn persisted_hwm(&mut self, p: Persisted) {
+        self.shown_hwm = self.shown_hwm.max(p.hwm);
+    }
+
+    /// Whether a query may begin now: HWM is back at least where it was before a restart.
+    pub fn ready(&self) -> bool {
+        self.ready_at.is_some_and(|r| self.hwm.snapshot() >= r)
+    }
+
+    /// The sink replayed the source as far as it reached before the restart, through `ts`;
+    /// `None` when it cannot tell (stdin): then queries wait for the persisted HWM.
+    pub fn caught_up(&mut self, ts: Option<Timestamp>) {
+        self.ready_at = Some(ts.unwrap_or(self.shown_hwm.snapshot()));
+    }
+
+    /// Replay stopped (a shard failed): what is visible is all there will be, so queries
+    /// stop waiting.
+    pub fn replay_stopped(&mut self) {
+        self.ready_at = Some(Timestamp::GENESIS);
+    }
+
+    /// Starts checkpoint of everything handed out so far, taken at `source`: its id and
+    /// timestamp, which the barrier carries to every shard. `None` while another is on its
+    /// way.
+    pub fn begin_checkpoint(&mut self, source: SourceMark) -> Option<CheckpointRecord> {
+        if self.pending_checkpoint.is_some() {
+            return None;
+        }
+        let ts = Timestamp::new(self.issued_through()).expect("issued timestamps are valid");
+        if self.checkpoint.is_some_and(|c| c.ts >= ts) {
+            // Nothing new since the last one.
+            return None;
+        }
+        let record = CheckpointRecord {
+            id: self.checkpoint.map_or(0, |c| c.id) + 1,
+            ts,
+            shards: self.applied.len() as u16,
+            source,
+        };
+        self.pending_checkpoint = Some(PendingCheckpoint {
+            record,
+            confirmed: vec![false; self.applied.len()],
+        });
+        Some(record)
+    }
+
+    /// Shard `shard` wrote its image of checkpoint `id` durably (`ok`) or could not. Returns
+    /// the record once every shard has: persist it, then call [`Self::checkpoint_recorded`].
+    pub fn checkpoint_done(&mut self, id: u64, shard: u16, ok: bool) -> Option<CheckpointRecord> {
+        let p = self
+            .pending_checkpoint
+            .as_mut()
+            .filter(|p| p.record.id == id)?;
+        if !ok {
+            self.pending_checkpoint = None;
+            return None;
+        }
+        *p.confirmed.get_mut(usize::from(shard))? = true;
+        if p.confirmed.iter().all(|&c| c) {
+            return Some(p.record);
+        }
+        None
+    }
+
+    /// The checkpoint is durable: a restart starts from it. Returns the one it replaced.
+    pub fn checkpoint_recorded(&mut self, record: CheckpointRecord) -> Option<CheckpointRecord> {
+        self.pending_checkpoint = None;
+        self.checkpoint.replace(record)
+    }
+
+    /// The persisted state with `record` as its checkpoint.
+    pub fn persisted_with(&self, record: CheckpointRecord) -> Persisted {
+        Persisted {
+            hwm: self.hwm,
+            checkpoint: Some(record),
         }
     }
 
@@ -249,6 +354,10 @@ impl StateFile {
         }
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// What was persisted, or the initial state for a new data directory.
     pub fn load(&self) -> Result<Persisted, CoordinatorError> {
         let text = match std::fs::read_to_string(&self.path) {
@@ -260,9 +369,7 @@ impl StateFile {
             path: self.path.clone(),
             reason,
         };
-        let mut reserved = None;
-        let mut hwm = None;
-        let mut runs = 0;
+        let mut values = BTreeMap::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let (k, v) = line
                 .split_once('=')
@@ -272,41 +379,74 @@ impl StateFile {
                 .parse()
                 .map_err(|_| corrupt(format!("`{k}` is not a number")))?;
             match k.trim() {
-                "reserved_through" => reserved = Some(v),
-                "hwm" => hwm = Some(v),
-                "runs" => runs = v,
+                // Written by nodes before checkpoints; nothing to resume from them.
+                "reserved_through" | "runs" => {}
+                k @ ("hwm" | "checkpoint_id" | "checkpoint_ts" | "checkpoint_shards"
+                | "source_offset" | "source_line") => {
+                    values.insert(k.to_owned(), v);
+                }
                 other => return Err(corrupt(format!("unknown key `{other}`"))),
             }
         }
-        let (Some(reserved_through), Some(hwm)) = (reserved, hwm) else {
-            return Err(corrupt("missing reserved_through or hwm".into()));
-        };
-        let hwm = Timestamp::new(hwm).map_err(|e| corrupt(e.to_string()))?;
-        if hwm.get() > reserved_through + 1 || hwm < Hwm::INITIAL.get() {
-            return Err(corrupt(format!(
-                "hwm {hwm} is outside 2..={}",
-                reserved_through + 1
-            )));
+        let hwm = values
+            .get("hwm")
+            .ok_or_else(|| corrupt("missing hwm".into()))?;
+        let hwm = Timestamp::new(*hwm).map_err(|e| corrupt(e.to_string()))?;
+        if hwm < Hwm::INITIAL.get() {
+            return Err(corrupt(format!("hwm {hwm} is below the first")));
         }
-        Ok(Persisted {
-            reserved_through,
-            hwm: Hwm::after(hwm.prev_or_genesis())?,
-            runs,
-        })
+        let hwm = Hwm::after(hwm.prev_or_genesis())?;
+        let checkpoint = match values.get("checkpoint_id") {
+            None => None,
+            Some(&id) => {
+                let get = |k: &str| {
+                    values
+                        .get(k)
+                        .copied()
+                        .ok_or_else(|| corrupt(format!("checkpoint {id} without {k}")))
+                };
+                let ts =
+                    Timestamp::new(get("checkpoint_ts")?).map_err(|e| corrupt(e.to_string()))?;
+                if ts >= hwm.get() {
+                    return Err(corrupt(format!(
+                        "checkpoint at {ts} is not below hwm {hwm:?}"
+                    )));
+                }
+                let shards = u16::try_from(get("checkpoint_shards")?)
+                    .map_err(|_| corrupt("checkpoint_shards is out of range".into()))?;
+                Some(CheckpointRecord {
+                    id,
+                    ts,
+                    shards,
+                    source: SourceMark {
+                        offset: get("source_offset")?,
+                        line: get("source_line")?,
+                    },
+                })
+            }
+        };
+        Ok(Persisted { hwm, checkpoint })
     }
 
-    /// Writes `p` durably: a temporary file, fsync, rename over the old one, fsync the folder.
+    /// The file's bytes for `p`.
+    pub fn encode(p: &Persisted) -> Vec<u8> {
+        let mut out = format!("hwm={}\n", p.hwm.get());
+        if let Some(c) = p.checkpoint {
+            out += &format!(
+                "checkpoint_id={}\ncheckpoint_ts={}\ncheckpoint_shards={}\nsource_offset={}\nsource_line={}\n",
+                c.id, c.ts, c.shards, c.source.offset, c.source.line
+            );
+        }
+        out.into_bytes()
+    }
+
+    /// Writes `p` durably with blocking calls (tests and tools; the coordinator writes through
+    /// `durable` on its core): a temporary file, fsync, rename over the old one, fsync the folder.
     pub fn store(&self, p: Persisted) -> Result<(), CoordinatorError> {
+        use std::io::Write;
         let tmp = self.path.with_extension("state.tmp");
         let mut f = std::fs::File::create(&tmp).map_err(|e| self.io(e))?;
-        write!(
-            f,
-            "reserved_through={}\nhwm={}\nruns={}\n",
-            p.reserved_through,
-            p.hwm.get(),
-            p.runs
-        )
-        .map_err(|e| self.io(e))?;
+        f.write_all(&Self::encode(&p)).map_err(|e| self.io(e))?;
         f.sync_all().map_err(|e| self.io(e))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
         if let Some(dir) = self.path.parent() {
@@ -328,10 +468,9 @@ mod tests {
 
     #[test]
     fn hwm_is_the_slowest_shard_plus_one() {
-        let mut c = CoordinatorState::new(2, Persisted::default());
-        let (range, persist) = c.allocate(10).unwrap();
+        let mut c = CoordinatorState::new(2, Persisted::default(), false);
+        let range = c.allocate(10).unwrap();
         assert_eq!(range, 2..=11);
-        assert!(persist.is_some(), "the first batch reserves durably");
         assert_eq!(c.applied(0, ts(5)).unwrap(), None);
         assert_eq!(
             c.applied(1, ts(3)).unwrap(),
@@ -352,7 +491,7 @@ mod tests {
 
     #[test]
     fn lwm_follows_the_oldest_query_and_leases_expire() {
-        let mut c = CoordinatorState::new(1, Persisted::default());
+        let mut c = CoordinatorState::new(1, Persisted::default(), false);
         c.allocate(100).unwrap();
         c.applied(0, ts(10)).unwrap();
         let (q1, s1) = c.begin_query(0, 1000);
@@ -370,23 +509,63 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_never_repeat_across_restarts() {
+    fn a_restart_resumes_after_the_checkpoint_and_waits_for_the_shown_hwm() {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::new(dir.path());
         assert_eq!(file.load().unwrap(), Persisted::default());
-        let mut c = CoordinatorState::new(1, file.load().unwrap());
-        let (first, persist) = c.allocate(5).unwrap();
-        file.store(persist.unwrap()).unwrap();
+        let mut c = CoordinatorState::new(2, file.load().unwrap(), true);
+        assert!(!c.ready(), "waits for the sink");
+        c.caught_up(None);
+        assert!(c.ready(), "nothing was shown before");
+        c.allocate(10).unwrap();
         c.applied(0, ts(6)).unwrap();
+        c.applied(1, ts(6)).unwrap();
+        let mark = SourceMark {
+            offset: 600,
+            line: 30,
+        };
+        let record = c.begin_checkpoint(mark).unwrap();
+        assert_eq!((record.id, record.ts), (1, ts(11)));
+        assert!(c.begin_checkpoint(mark).is_none(), "one at a time");
+        assert!(c.checkpoint_done(1, 0, true).is_none());
+        assert!(c.checkpoint_done(2, 1, true).is_none(), "another id");
+        let done = c.checkpoint_done(1, 1, true).unwrap();
+        c.applied(0, ts(11)).unwrap();
+        c.applied(1, ts(11)).unwrap();
+        file.store(c.persisted_with(done)).unwrap();
+        assert_eq!(c.checkpoint_recorded(done), None);
+        c.allocate(5).unwrap();
+        c.applied(0, ts(16)).unwrap();
+        c.applied(1, ts(16)).unwrap();
         file.store(c.persisted()).unwrap();
-        // Crash: whatever was handed out after the last store is below the reservation.
-        let mut again = CoordinatorState::new(1, file.load().unwrap());
-        let (next, _) = again.allocate(1).unwrap();
-        assert!(*next.start() > *first.end());
-        assert_eq!(again.hwm().snapshot(), ts(6), "HWM resumes where it was");
 
-        std::fs::write(dir.path().join("coordinator.state"), "reserved_through=x\n").unwrap();
+        // Crash: timestamps restart after the checkpoint, HWM with them; queries wait until
+        // HWM is back at what was persisted.
+        let mut again = CoordinatorState::new(2, file.load().unwrap(), false);
+        assert_eq!(again.hwm().snapshot(), ts(11));
+        assert_eq!(again.allocate(5).unwrap(), 12..=16);
+        assert!(!again.ready());
+        again.applied(0, ts(16)).unwrap();
+        again.applied(1, ts(16)).unwrap();
+        assert!(again.ready());
+        // A failed image abandons the checkpoint.
+        let r = again.begin_checkpoint(mark).unwrap();
+        assert_eq!(r.id, 2);
+        assert!(again.checkpoint_done(2, 0, false).is_none());
+        assert!(
+            again.begin_checkpoint(mark).is_some(),
+            "the next one may start"
+        );
+
+        std::fs::write(dir.path().join("coordinator.state"), "hwm=x\n").unwrap();
         let err = file.load().unwrap_err().to_string();
         assert!(err.contains("damaged"), "{err}");
+        std::fs::write(
+            dir.path().join("coordinator.state"),
+            "hwm=9\ncheckpoint_id=1\n",
+        )
+        .unwrap();
+        let err = file.load().unwrap_err().to_string();
+        assert!(err.contains("without checkpoint_ts"), "{err}");
     }
 }

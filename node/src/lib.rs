@@ -6,6 +6,7 @@ pub mod client;
 pub mod connection;
 pub mod coordinator;
 pub mod debezium;
+pub mod durable;
 pub mod metrics;
 pub mod node;
 pub mod router;

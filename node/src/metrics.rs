@@ -94,7 +94,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 12] = [
+    let metrics: [(&str, &str, &str, String); 14] = [
         (
             "retina_hwm",
             "gauge",
@@ -154,6 +154,18 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "Queries holding a snapshot.",
             load(&s.running_queries),
+        ),
+        (
+            "retina_checkpoint_id",
+            "gauge",
+            "The newest complete checkpoint (0: none); a restart resumes from it.",
+            load(&s.checkpoint_id),
+        ),
+        (
+            "retina_checkpoint_ts",
+            "gauge",
+            "The timestamp the newest complete checkpoint was taken at.",
+            load(&s.checkpoint_ts),
         ),
         (
             "retina_replay_stopped",

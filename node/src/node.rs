@@ -31,7 +31,10 @@ use retina_storage::{
 use rkyv::util::AlignedVec;
 
 use crate::catalog::Catalog;
-use crate::coordinator::{CoordinatorError, CoordinatorState, QueryId, StateFile};
+use crate::coordinator::{
+    CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark, StateFile,
+    checkpoint_dir,
+};
 use crate::router::shard_of;
 use crate::settings::Settings;
 
@@ -59,6 +62,9 @@ pub enum ShardMsg {
     Tick,
     /// From the shard's own GC timer: time for memory GC.
     GcTick,
+    /// From the sink, after every batch through `ts`: write this shard's image of checkpoint
+    /// `id` durably and report to the coordinator.
+    Checkpoint { id: u64, ts: Timestamp },
     /// From the I/O thread: a block flush finished.
     Flushed {
         table: TableId,
@@ -90,7 +96,19 @@ pub enum CoordMsg {
         ts: Timestamp,
         error: String,
     },
-    /// From a reader: begin a query at the current snapshot.
+    /// From the sink, after its last batch: start a checkpoint of everything handed out, taken
+    /// at `source`. The reply is its record, or `None` while one is on its way.
+    BeginCheckpoint {
+        source: SourceMark,
+        reply: flume::Sender<Option<CheckpointRecord>>,
+    },
+    /// From a shard: its image of checkpoint `id` is durable (`ok`), or could not be written.
+    CheckpointDone { id: u64, shard: u16, ok: bool },
+    /// From the sink: it replayed the source as far as it reached before this run, through
+    /// `ts` (`None`: it cannot tell). Queries that waited may begin once HWM passes it.
+    CaughtUp { ts: Option<Timestamp> },
+    /// From a reader: begin a query at the current snapshot. After a restart the reply waits
+    /// until HWM is back where queries saw it before.
     BeginQuery {
         reply: flume::Sender<(QueryId, Timestamp)>,
     },
@@ -196,6 +214,10 @@ pub struct NodeStatus {
     /// Batches sent to shards and not yet applied, over all shards.
     pub backlog_batches: AtomicU64,
     pub running_queries: AtomicU64,
+    /// The id of the newest complete checkpoint (0: none).
+    pub checkpoint_id: AtomicU64,
+    /// The timestamp it was taken at.
+    pub checkpoint_ts: AtomicU64,
     pub shard_memory: Vec<ShardMemory>,
     pub source_done: AtomicBool,
     error: Mutex<Option<String>>,
@@ -241,6 +263,9 @@ pub struct NodeOptions {
     pub listen: Option<std::net::SocketAddr>,
     /// The token clients present at bootstrap; required beyond loopback.
     pub auth_token: Option<String>,
+    /// Queries wait for the sink's [`NodeHandle::caught_up`] before they begin (a sink reads
+    /// the source); else only until HWM is back where it was persisted.
+    pub await_source: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,6 +285,8 @@ pub enum NodeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint { path: PathBuf, reason: String },
 }
 
 /// A cheap handle to a running node: submit transactions, read tables, watch status.
@@ -273,6 +300,8 @@ pub struct NodeHandle {
     catalog: Arc<Catalog>,
     status: Arc<NodeStatus>,
     store: Arc<dyn ObjectStore>,
+    /// Where the source resumes: the position of the checkpoint this run started from.
+    resume: Option<SourceMark>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
@@ -280,6 +309,7 @@ pub struct Node {
     handle: NodeHandle,
     listening: Option<std::net::SocketAddr>,
     scan_addrs: Vec<std::net::SocketAddr>,
+    coordinator: Option<glommio::ExecutorJoinHandle<()>>,
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
     io_thread: Option<std::thread::JoinHandle<()>>,
     io: flume::Sender<IoRequest>,
@@ -299,29 +329,58 @@ impl Node {
         let store = local_store(&lake)?;
         let store_url = lake_url(&lake)?;
         let state_file = StateFile::new(&options.data_dir);
-        let mut persisted = state_file.load()?;
-        // Each run gets file ids of its own: an earlier run's files are never overwritten.
-        persisted.runs += 1;
-        if persisted.runs >= 1 << 16 {
-            return Err(NodeError::DataDir {
-                path: options.data_dir.clone(),
-                source: std::io::Error::other("65,535 runs on one data directory: start a new one"),
-            });
-        }
-        state_file.store(persisted)?;
-        if persisted.runs > 1 {
-            tracing::warn!(
-                "{} held an earlier run (run {}); recovery from checkpoints is not built yet, so \
-                 the tables start empty: replay the source from its start",
-                options.data_dir.display(),
-                persisted.runs
+        let persisted = state_file.load()?;
+        let recovered = recover(&options, &persisted, &lake)?;
+        let status = Arc::new(NodeStatus::new(shards));
+        let resume_ts = persisted.checkpoint.map_or(Timestamp::GENESIS, |c| c.ts);
+        status.hwm.store(
+            Hwm::after(resume_ts)
+                .expect("below the maximum")
+                .get()
+                .get(),
+            Ordering::Release,
+        );
+        status.lwm.store(resume_ts.get(), Ordering::Release);
+        if let Some(c) = persisted.checkpoint {
+            status.checkpoint_id.store(c.id, Ordering::Release);
+            status.checkpoint_ts.store(c.ts.get(), Ordering::Release);
+            tracing::info!(
+                "resuming from checkpoint {} at timestamp {} (source byte {}, line {})",
+                c.id,
+                c.ts,
+                c.source.offset,
+                c.source.line
             );
         }
-        let first_file_seq = persisted.runs << 32;
-        let status = Arc::new(NodeStatus::new(shards));
-        status
-            .hwm
-            .store(persisted.hwm.get().get(), Ordering::Release);
+        let mut plan_files: std::collections::HashMap<
+            TableId,
+            std::collections::BTreeMap<retina_storage::FileId, PlanFile>,
+        > = Default::default();
+        for shard in &recovered {
+            for t in 0..options.catalog.tables().len() as TableId {
+                let schema = options.catalog.get(t).expect("a catalog table");
+                for (file, row_groups) in shard.regular_files(t)? {
+                    let path = retina_storage::buffer::file_path(schema.name(), file);
+                    let bytes = std::fs::metadata(lake.join(path.as_ref()))
+                        .map(|m| m.len())
+                        .map_err(|source| NodeError::DataDir {
+                            path: lake.join(path.as_ref()),
+                            source,
+                        })?;
+                    plan_files.entry(t).or_default().insert(
+                        file,
+                        PlanFile {
+                            file,
+                            path,
+                            bytes,
+                            shard: shard.id(),
+                            row_groups,
+                        },
+                    );
+                }
+            }
+        }
+        let mut recovered = recovered.into_iter();
 
         // Object-store I/O thread.
         let (io_tx, io_rx) = flume::bounded::<IoRequest>(IO_QUEUE);
@@ -407,7 +466,8 @@ impl Node {
         {
             let status = status.clone();
             let tx = coord_tx.clone();
-            let state = CoordinatorState::new(shards, persisted);
+            let state = CoordinatorState::new(shards, persisted, options.await_source);
+            let data_dir = options.data_dir.clone();
             let persist = Duration::from_millis(settings.persist_interval_ms);
             let lease = settings.query_lease_ms;
             let rpc_coord = coord_tx.clone();
@@ -439,12 +499,25 @@ impl Node {
                             ))
                             .detach();
                         }
-                        coordinator_main(state, state_file, coord_rx, tx, status, persist, lease)
-                            .await
+                        coordinator_main(
+                            Coordinator {
+                                state,
+                                file: state_file,
+                                data_dir,
+                                files: plan_files,
+                                status,
+                                lease_ms: lease,
+                            },
+                            coord_rx,
+                            tx,
+                            persist,
+                        )
+                        .await
                     })
                     .map_err(spawn_err("the coordinator".into()))?,
             );
         }
+        let coordinator = executors.pop();
 
         // Shards.
         let mut shard_txs = Vec::new();
@@ -461,16 +534,26 @@ impl Node {
                 own: tx,
                 flush_interval: Duration::from_millis(settings.flush_interval_ms),
                 gc_interval: Duration::from_millis(settings.gc_interval_ms),
-                resume: persisted.hwm.snapshot(),
+                data_dir: options.data_dir.clone(),
+                checkpoints: settings.checkpoint_interval_ms > 0,
                 scan_listener: scan_listeners[usize::from(id)],
                 auth_token: options.auth_token.clone(),
             };
-            let config = settings.storage();
+            let shard = match recovered.next() {
+                Some(s) => s,
+                None => {
+                    let mut s = Shard::new(id, settings.storage())?;
+                    for t in options.catalog.tables() {
+                        s.add_table(t.clone());
+                    }
+                    s
+                }
+            };
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cores))
                     .name(&format!("retina-shard-{id}"))
                     .io_memory(EXECUTOR_IO_MEMORY)
-                    .spawn(move || shard_main(ctx, config, first_file_seq, rx))
+                    .spawn(move || shard_main(ctx, shard, rx))
                     .map_err(spawn_err(format!("shard {id}")))?,
             );
         }
@@ -485,7 +568,9 @@ impl Node {
                 catalog: options.catalog,
                 status,
                 store,
+                resume: persisted.checkpoint.map(|c| c.source),
             },
+            coordinator,
             executors,
             io_thread: Some(io_thread),
             io: io_tx,
@@ -507,16 +592,20 @@ impl Node {
     }
 
     /// Stops every actor after what was sent before, persists the coordinator, and waits.
+    /// The shards stop first, so the coordinator records a checkpoint they finished.
     pub fn shutdown(mut self) {
         for s in &self.handle.shards {
             let _ = s.send(ShardMsg::Stop);
+        }
+        for e in self.executors.drain(..) {
+            let _ = e.join();
         }
         let (tx, rx) = flume::bounded(1);
         if self.handle.coord.send(CoordMsg::Stop { reply: tx }).is_ok() {
             let _ = rx.recv();
         }
-        for e in self.executors.drain(..) {
-            let _ = e.join();
+        if let Some(c) = self.coordinator.take() {
+            let _ = c.join();
         }
         drop(self.io);
         if let Some(t) = self.io_thread.take() {
@@ -556,6 +645,41 @@ impl NodeHandle {
             .txns_submitted
             .fetch_add(txns.len() as u64, Ordering::Relaxed);
         Ok(range)
+    }
+
+    /// Where the source resumes after a restart: the position of the checkpoint this run
+    /// started from (`None`: from the start).
+    pub fn resume(&self) -> Option<SourceMark> {
+        self.resume
+    }
+
+    /// Puts a checkpoint barrier after every transaction submitted so far, taken at `source`
+    /// (where the source stands after the last of them). Returns its id, or `None` while an
+    /// earlier one is still on its way; [`NodeStatus::checkpoint_id`] says when it is complete.
+    pub fn checkpoint(&self, source: SourceMark) -> Result<Option<u64>, NodeError> {
+        let _order = self.submit_order.lock().expect("submit lock");
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::BeginCheckpoint { source, reply: tx })
+            .map_err(|_| NodeError::Stopped)?;
+        let Some(record) = rx.recv().map_err(|_| NodeError::Stopped)? else {
+            return Ok(None);
+        };
+        for s in &self.shards {
+            s.send(ShardMsg::Checkpoint {
+                id: record.id,
+                ts: record.ts,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+        }
+        Ok(Some(record.id))
+    }
+
+    /// The sink replayed the source as far as it reached before this run, through `ts`
+    /// (`None`: it cannot tell, as with stdin): queries waiting for that may begin.
+    pub fn caught_up(&self, ts: Option<u64>) {
+        let ts = ts.and_then(|t| Timestamp::new(t).ok());
+        let _ = self.coord.send(CoordMsg::CaughtUp { ts });
     }
 
     /// `n` consecutive timestamps from the coordinator (group begin).
@@ -752,14 +876,59 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn coordinator_main(
-    mut state: CoordinatorState,
+/// The coordinator actor's state: the deterministic [`CoordinatorState`] and what it needs to
+/// persist and answer.
+struct Coordinator {
+    state: CoordinatorState,
     file: StateFile,
+    data_dir: PathBuf,
+    /// The regular files of each table, as the shards report them.
+    files: std::collections::HashMap<
+        TableId,
+        std::collections::BTreeMap<retina_storage::FileId, PlanFile>,
+    >,
+    status: Arc<NodeStatus>,
+    lease_ms: u64,
+}
+
+impl Coordinator {
+    /// Persists `p` durably (direct I/O on this core); a failure poisons the node.
+    async fn persist(&mut self, p: crate::coordinator::Persisted) -> bool {
+        let bytes = StateFile::encode(&p);
+        match crate::durable::write_file(self.file.path(), &bytes).await {
+            Ok(()) => {
+                self.state.persisted_hwm(p);
+                true
+            }
+            Err(e) => {
+                self.status.fail(format!(
+                    "coordinator: writing {}: {e}; the node stops rather than lose state",
+                    self.file.path().display()
+                ));
+                false
+            }
+        }
+    }
+
+    fn publish(&self) {
+        let s = &self.status;
+        s.running_queries
+            .store(self.state.running_queries() as u64, Ordering::Relaxed);
+        s.lwm.store(self.state.lwm().get().get(), Ordering::Release);
+    }
+
+    fn begin_query(&mut self, reply: flume::Sender<(QueryId, Timestamp)>) {
+        let q = self.state.begin_query(now_ms(), self.lease_ms);
+        self.publish();
+        let _ = reply.send(q);
+    }
+}
+
+async fn coordinator_main(
+    mut c: Coordinator,
     rx: flume::Receiver<CoordMsg>,
     own: flume::Sender<CoordMsg>,
-    status: Arc<NodeStatus>,
     persist_every: Duration,
-    lease_ms: u64,
 ) {
     // Timers never act: they send a tick into the actor.
     glommio::spawn_local(async move {
@@ -772,94 +941,218 @@ async fn coordinator_main(
     })
     .detach();
     let mut dirty = false;
-    // The regular files of each table, as the shards report them.
-    let mut files: std::collections::HashMap<
-        TableId,
-        std::collections::BTreeMap<retina_storage::FileId, PlanFile>,
-    > = Default::default();
+    // Queries that began before HWM was back where a query saw it before the restart.
+    let mut waiting: Vec<flume::Sender<(QueryId, Timestamp)>> = Vec::new();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             CoordMsg::Allocate { n, reply } => {
-                let result = state.allocate(n).and_then(|(range, persist)| {
-                    if let Some(p) = persist {
-                        file.store(p)?;
-                    }
-                    Ok(range)
-                });
-                let _ = reply.send(result);
+                let _ = reply.send(c.state.allocate(n));
             }
-            CoordMsg::Applied { shard, ts } => match state.applied(shard, ts) {
+            CoordMsg::Applied { shard, ts } => match c.state.applied(shard, ts) {
                 Ok(Some(hwm)) => {
-                    status.hwm.store(hwm.get().get(), Ordering::Release);
-                    status
+                    c.status.hwm.store(hwm.get().get(), Ordering::Release);
+                    c.status
                         .txns_applied
-                        .store(state.applied_this_run(), Ordering::Relaxed);
-                    status.lwm.store(state.lwm().get().get(), Ordering::Release);
+                        .store(c.state.applied_this_run(), Ordering::Relaxed);
+                    c.publish();
                     dirty = true;
                 }
                 Ok(None) => {}
-                Err(e) => status.fail(format!("coordinator: {e}")),
+                Err(e) => c.status.fail(format!("coordinator: {e}")),
             },
-            CoordMsg::ShardFailed { shard, ts, error } => status.fail(format!(
-                "shard {shard} stopped at the transaction with timestamp {ts}: {error}; \
-                 HWM stays below it and every earlier transaction stays visible"
-            )),
+            CoordMsg::ShardFailed { shard, ts, error } => {
+                c.status.fail(format!(
+                    "shard {shard} stopped at the transaction with timestamp {ts}: {error}; \
+                     HWM stays below it and every earlier transaction stays visible"
+                ));
+                c.state.replay_stopped();
+            }
+            CoordMsg::CaughtUp { ts } => c.state.caught_up(ts),
+            CoordMsg::BeginCheckpoint { source, reply } => {
+                let record = c.state.begin_checkpoint(source);
+                if let Some(r) = record
+                    && let Err(e) = std::fs::create_dir_all(checkpoint_dir(&c.data_dir, r.id))
+                {
+                    c.status.fail(format!(
+                        "coordinator: creating {}: {e}",
+                        checkpoint_dir(&c.data_dir, r.id).display()
+                    ));
+                    c.state.checkpoint_done(r.id, 0, false);
+                    let _ = reply.send(None);
+                    continue;
+                }
+                let _ = reply.send(record);
+            }
+            CoordMsg::CheckpointDone { id, shard, ok } => {
+                if let Some(record) = c.state.checkpoint_done(id, shard, ok) {
+                    // The commit point: from here on a restart starts from this checkpoint.
+                    let p = c.state.persisted_with(record);
+                    if c.persist(p).await {
+                        let replaced = c.state.checkpoint_recorded(record);
+                        c.status.checkpoint_id.store(record.id, Ordering::Release);
+                        c.status
+                            .checkpoint_ts
+                            .store(record.ts.get(), Ordering::Release);
+                        tracing::debug!("checkpoint {} at {} is complete", record.id, record.ts);
+                        if let Some(old) = replaced {
+                            let dir = checkpoint_dir(&c.data_dir, old.id);
+                            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                                tracing::warn!("removing {}: {e}", dir.display());
+                            }
+                        }
+                    }
+                } else if !ok {
+                    let dir = checkpoint_dir(&c.data_dir, id);
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
             CoordMsg::BeginQuery { reply } => {
-                let q = state.begin_query(now_ms(), lease_ms);
-                status
-                    .running_queries
-                    .store(state.running_queries() as u64, Ordering::Relaxed);
-                status.lwm.store(state.lwm().get().get(), Ordering::Release);
-                let _ = reply.send(q);
+                if c.state.ready() {
+                    c.begin_query(reply);
+                } else {
+                    waiting.push(reply);
+                }
             }
             CoordMsg::RenewQuery { id, reply } => {
-                let _ = reply.send(state.renew_query(id, now_ms(), lease_ms));
+                let _ = reply.send(c.state.renew_query(id, now_ms(), c.lease_ms));
             }
             CoordMsg::FileAdded { table, file } => {
-                files.entry(table).or_default().insert(file.file, file);
+                c.files.entry(table).or_default().insert(file.file, file);
             }
             CoordMsg::Plan { id, table, reply } => {
-                let plan = state.renew_query(id, now_ms(), lease_ms).map(|snapshot| {
-                    let listed = files
-                        .get(&table)
-                        .map(|f| f.values().cloned().collect())
-                        .unwrap_or_default();
-                    (snapshot, listed)
-                });
+                let plan = c
+                    .state
+                    .renew_query(id, now_ms(), c.lease_ms)
+                    .map(|snapshot| {
+                        let listed = c
+                            .files
+                            .get(&table)
+                            .map(|f| f.values().cloned().collect())
+                            .unwrap_or_default();
+                        (snapshot, listed)
+                    });
                 let _ = reply.send(plan);
             }
             CoordMsg::EndQuery { id, reply } => {
-                let running = state.end_query(id);
+                let running = c.state.end_query(id);
                 if let Some(reply) = reply {
                     let _ = reply.send(running);
                 }
-                status
-                    .running_queries
-                    .store(state.running_queries() as u64, Ordering::Relaxed);
-                status.lwm.store(state.lwm().get().get(), Ordering::Release);
+                c.publish();
             }
             CoordMsg::Tick => {
-                state.expire_queries(now_ms());
-                status
-                    .running_queries
-                    .store(state.running_queries() as u64, Ordering::Relaxed);
-                status.lwm.store(state.lwm().get().get(), Ordering::Release);
-                if dirty {
-                    match file.store(state.persisted()) {
-                        Ok(()) => dirty = false,
-                        Err(e) => status.fail(format!("coordinator: {e}")),
-                    }
+                c.state.expire_queries(now_ms());
+                c.publish();
+                if dirty && c.persist(c.state.persisted()).await {
+                    dirty = false;
                 }
             }
             CoordMsg::Stop { reply } => {
-                if let Err(e) = file.store(state.persisted()) {
-                    status.fail(format!("coordinator: {e}"));
-                }
+                c.persist(c.state.persisted()).await;
                 let _ = reply.send(());
                 break;
             }
         }
+        if !waiting.is_empty() && c.state.ready() {
+            for reply in std::mem::take(&mut waiting) {
+                c.begin_query(reply);
+            }
+        }
     }
+}
+
+/// What a restart finds in the data directory: each shard restored from the newest complete
+/// checkpoint (none without one), every lake object that checkpoint does not read removed
+/// (files written after it, or by a run that never checkpointed), and every other checkpoint
+/// removed (incomplete ones).
+fn recover(
+    options: &NodeOptions,
+    persisted: &crate::coordinator::Persisted,
+    lake: &std::path::Path,
+) -> Result<Vec<Shard>, NodeError> {
+    let shards = options.settings.shard_count();
+    let mut restored = Vec::new();
+    if let Some(c) = persisted.checkpoint {
+        if c.shards != shards {
+            return Err(NodeError::Checkpoint {
+                path: checkpoint_dir(&options.data_dir, c.id),
+                reason: format!(
+                    "it was taken with {} shards, this node runs {shards}: start with --shards {}",
+                    c.shards, c.shards
+                ),
+            });
+        }
+        let schemas: Vec<Arc<TableSchema>> = options.catalog.tables().to_vec();
+        for id in 0..shards {
+            let path = checkpoint_dir(&options.data_dir, c.id).join(format!("shard-{id}.ckpt"));
+            let err = |reason: String| NodeError::Checkpoint {
+                path: path.clone(),
+                reason,
+            };
+            let bytes = std::fs::read(&path).map_err(|e| err(e.to_string()))?;
+            let image =
+                retina_storage::ShardImage::decode(&bytes).map_err(|e| err(e.to_string()))?;
+            if image.shard != id || image.applied_through != c.ts {
+                return Err(err(format!(
+                    "it holds shard {} at {}, the record says shard {id} at {}",
+                    image.shard, image.applied_through, c.ts
+                )));
+            }
+            let shard = Shard::from_image(options.settings.storage(), &schemas, image, c.id)
+                .map_err(|e| err(e.to_string()))?;
+            restored.push(shard);
+        }
+    }
+    let keep: std::collections::HashSet<PathBuf> = restored
+        .iter()
+        .flat_map(|s| s.objects())
+        .map(|p| lake.join(p.as_ref()))
+        .collect();
+    let mut removed = 0usize;
+    remove_unreferenced(&lake.join("tables"), &keep, &mut removed).map_err(|source| {
+        NodeError::DataDir {
+            path: lake.to_owned(),
+            source,
+        }
+    })?;
+    if removed > 0 {
+        tracing::info!("removed {removed} lake objects no checkpoint refers to");
+    }
+    let checkpoints = options.data_dir.join("checkpoints");
+    if let Ok(entries) = std::fs::read_dir(&checkpoints) {
+        let current = persisted
+            .checkpoint
+            .map(|c| checkpoint_dir(&options.data_dir, c.id));
+        for e in entries.flatten() {
+            if Some(e.path()) != current {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(restored)
+}
+
+fn remove_unreferenced(
+    dir: &std::path::Path,
+    keep: &std::collections::HashSet<PathBuf>,
+    removed: &mut usize,
+) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        let path = e.path();
+        if e.file_type()?.is_dir() {
+            remove_unreferenced(&path, keep, removed)?;
+        } else if !keep.contains(&path) {
+            std::fs::remove_file(&path)?;
+            *removed += 1;
+        }
+    }
+    Ok(())
 }
 
 struct ShardContext {
@@ -872,32 +1165,15 @@ struct ShardContext {
     own: flume::Sender<ShardMsg>,
     flush_interval: Duration,
     gc_interval: Duration,
-    /// What the node had made visible before this run: an empty shard starts there.
-    resume: Timestamp,
+    /// Where checkpoint images go, and whether the node takes checkpoints at all.
+    data_dir: PathBuf,
+    checkpoints: bool,
     /// The scan service's bound listener, and the token its clients present.
     scan_listener: Option<std::os::fd::RawFd>,
     auth_token: Option<String>,
 }
 
-async fn shard_main(
-    ctx: ShardContext,
-    config: retina_storage::StorageConfig,
-    first_file_seq: u64,
-    rx: flume::Receiver<ShardMsg>,
-) {
-    let mut shard = match Shard::with_file_seq(ctx.id, config, first_file_seq) {
-        Ok(s) => s,
-        Err(e) => {
-            ctx.status.fail(format!("shard {}: {e}", ctx.id));
-            return;
-        }
-    };
-    for t in ctx.catalog.tables() {
-        shard.add_table(t.clone());
-    }
-    shard
-        .advance(ctx.resume)
-        .expect("a new shard starts at genesis");
+async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<ShardMsg>) {
     if let Some(fd) = ctx.scan_listener {
         // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
         let listener =
@@ -955,6 +1231,17 @@ async fn shard_main(
             }
             ShardMsg::Tick => on_tick(&ctx, &mut shard),
             ShardMsg::GcTick => on_gc(&ctx, &mut shard),
+            ShardMsg::Checkpoint { id, ts } => {
+                let ok = !stopped && on_checkpoint(&ctx, &mut shard, id, ts).await;
+                let _ = ctx
+                    .coord
+                    .send_async(CoordMsg::CheckpointDone {
+                        id,
+                        shard: ctx.id,
+                        ok,
+                    })
+                    .await;
+            }
             ShardMsg::Flushed {
                 table,
                 block,
@@ -1126,7 +1413,14 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
         }
     }
     let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
-    let paths = shard.take_deletable(lwm);
+    // With checkpoints, an object leaves only once a checkpoint that does not read it is
+    // complete: a restart may load the one before.
+    let checkpointed = if ctx.checkpoints {
+        ctx.status.checkpoint_id.load(Ordering::Acquire)
+    } else {
+        u64::MAX
+    };
+    let paths = shard.take_deletable(lwm, checkpointed);
     if !paths.is_empty()
         && let Err(flume::TrySendError::Full(IoRequest::Delete { paths })) =
             ctx.io.try_send(IoRequest::Delete { paths })
@@ -1141,6 +1435,40 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
         .store(m.write_buffer_bytes as u64, Ordering::Relaxed);
     mem.visibility_bytes
         .store(m.visibility_bytes as u64, Ordering::Relaxed);
+}
+
+/// Writes this shard's image of checkpoint `id` durably; false if it could not. The barrier
+/// comes right after the batch through `ts`, so the shard is exactly at `ts`. A failed write
+/// poisons the node: it stops rather than carry on with a checkpoint it cannot trust.
+async fn on_checkpoint(ctx: &ShardContext, shard: &mut Shard, id: u64, ts: Timestamp) -> bool {
+    if shard.applied_through() != ts {
+        tracing::warn!(
+            "shard {}: checkpoint {id} at {ts} skipped: applied through {}",
+            ctx.id,
+            shard.applied_through()
+        );
+        return false;
+    }
+    let path = checkpoint_dir(&ctx.data_dir, id).join(format!("shard-{}.ckpt", ctx.id));
+    let bytes = match shard.checkpoint(id).and_then(|image| image.encode()) {
+        Ok(b) => b,
+        Err(e) => {
+            ctx.status
+                .fail(format!("shard {}: checkpoint {id}: {e}", ctx.id));
+            return false;
+        }
+    };
+    match crate::durable::write_file(&path, &bytes).await {
+        Ok(()) => true,
+        Err(e) => {
+            ctx.status.fail(format!(
+                "shard {}: writing {}: {e}; the node stops rather than trust a partial checkpoint",
+                ctx.id,
+                path.display()
+            ));
+            false
+        }
+    }
 }
 
 /// Memory GC at `min(LWM, HWM - 1)`, and no further than this shard has applied. Both

@@ -41,6 +41,9 @@ pub struct Settings {
     /// How often each shard runs memory GC: folds deletes at or below `min(LWM, HWM - 1)` into
     /// base bitmaps and drops index versions no query can see.
     pub gc_interval_ms: u64,
+    /// How often the sink puts a checkpoint barrier into the shards' streams (0: never; a
+    /// restart then replays the source from its start).
+    pub checkpoint_interval_ms: u64,
 }
 
 impl Default for Settings {
@@ -60,6 +63,7 @@ impl Default for Settings {
             persist_interval_ms: 100,
             query_lease_ms: 30_000,
             gc_interval_ms: 60_000,
+            checkpoint_interval_ms: 10_000,
         }
     }
 }

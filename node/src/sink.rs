@@ -4,15 +4,16 @@
 //! dead-letter file with the reason, and replay goes on. Never a partial transaction.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use retina_storage::{RowOp, TableOp, Value};
+use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
+use crate::coordinator::SourceMark;
 use crate::debezium::{DebeziumError, SourcePosition, TxnAssembler, TxnMode, parse_line};
 use crate::node::NodeHandle;
 
@@ -56,6 +57,8 @@ pub struct SinkOptions {
     pub max_group_txns: usize,
     /// A group closes once open this long.
     pub group_commit_interval: Duration,
+    /// How often to put a checkpoint barrier after the group just sent (`None`: never).
+    pub checkpoint_interval: Option<Duration>,
 }
 
 /// How a sink run ended.
@@ -69,6 +72,8 @@ pub struct SinkReport {
     pub last_ts: Option<u64>,
     /// The error that stopped replay, if one did.
     pub stopped_by: Option<String>,
+    /// Checkpoint barriers put into the shards' streams.
+    pub checkpoints: u64,
 }
 
 /// How long a follower waits at the end of its file before looking again.
@@ -78,22 +83,61 @@ const READ_BUFFER_BYTES: usize = 1 << 20;
 
 type Ops = Vec<TableOp<Vec<Value>>>;
 
+/// A source opened at its resume position: its name, its reader, and its size then (files).
+type OpenedSource = (Arc<str>, Box<dyn Read + Send>, Option<u64>);
+
 /// Runs the sink until the source ends (or, following, until `stop`), or an error stops it.
+/// After a restart it resumes where the node's checkpoint was taken (a file is read from that
+/// byte; stdin is read from its start and that many bytes are skipped: it must be the same
+/// stream), and says once it replayed as far as the source reached before.
 pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> SinkReport {
-    let (name, input): (Arc<str>, Box<dyn Read + Send>) = match &options.source {
-        SourceSpec::Stdin => ("stdin".into(), Box::new(std::io::stdin())),
-        SourceSpec::File(p) => match File::open(p) {
-            Ok(f) => (p.display().to_string().into(), Box::new(f)),
-            Err(e) => {
-                let msg = format!("source {}: {e}", p.display());
-                node.status().fail(msg.clone());
-                return SinkReport {
-                    stopped_by: Some(msg),
-                    ..Default::default()
-                };
-            }
-        },
+    let resume = node.resume().unwrap_or_default();
+    let opened: std::io::Result<OpenedSource> = match &options.source {
+        SourceSpec::Stdin => {
+            let mut input = std::io::stdin();
+            std::io::copy(&mut (&mut input).take(resume.offset), &mut std::io::sink()).map(
+                |skipped| {
+                    if skipped < resume.offset {
+                        tracing::warn!(
+                            "stdin ended after {skipped} bytes, before the checkpoint's {}",
+                            resume.offset
+                        );
+                    }
+                    (
+                        "stdin".into(),
+                        Box::new(input) as Box<dyn Read + Send>,
+                        None,
+                    )
+                },
+            )
+        }
+        SourceSpec::File(p) => File::open(p).and_then(|mut f| {
+            let size = f.metadata()?.len();
+            f.seek(SeekFrom::Start(resume.offset))?;
+            Ok((
+                p.display().to_string().into(),
+                Box::new(f) as Box<dyn Read + Send>,
+                Some(size),
+            ))
+        }),
     };
+    let (name, input, size_at_start) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            let msg = format!("source {}: {e}", source_name(&options.source));
+            node.status().fail(msg.clone());
+            node.caught_up(None);
+            return SinkReport {
+                stopped_by: Some(msg),
+                ..Default::default()
+            };
+        }
+    };
+    if size_at_start.is_none() {
+        // The sink cannot tell how far the source reached before: queries wait for the HWM
+        // the node persisted.
+        node.caught_up(None);
+    }
     let mut sink = Sink {
         node,
         options,
@@ -105,7 +149,14 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         raw: Vec::new(),
         skipping: None,
         report: SinkReport::default(),
+        read: resume,
+        group_end: resume,
+        submitted: resume,
+        checkpointed: resume,
+        last_checkpoint: Instant::now(),
+        catch_up_at: size_at_start,
     };
+    sink.report.lines = resume.line;
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, input);
     // Bytes, not a String: a writer may flush in the middle of a UTF-8 character, and only a
     // whole line is decoded.
@@ -134,6 +185,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             if !sink.group.is_empty() && !sink.submit() {
                 break;
             }
+            sink.check_caught_up(true);
             if options.follow {
                 std::thread::sleep(FOLLOW_POLL);
                 continue;
@@ -143,6 +195,8 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             }
         }
         sink.report.lines += 1;
+        sink.read.offset += line.len() as u64;
+        sink.read.line = sink.report.lines;
         let ok = match std::str::from_utf8(&line) {
             Ok(text) => sink.on_line(text.trim_end_matches(['\n', '\r'])),
             Err(e) => {
@@ -170,10 +224,28 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         if !sink.group.is_empty() {
             sink.submit();
         }
+        // A restart after this one starts here.
+        if sink.report.stopped_by.is_none() && sink.options.checkpoint_interval.is_some() {
+            sink.checkpoint();
+        }
+    }
+    // Whatever stopped the sink, queries waiting for it need not wait longer.
+    sink.check_caught_up(true);
+    if sink.catch_up_at.is_some() {
+        node.caught_up(Some(
+            sink.report.last_ts.unwrap_or(Timestamp::GENESIS.get()),
+        ));
     }
     sink.report.duplicates_skipped = sink.assembler.duplicates_skipped();
     node.status().source_done.store(true, Ordering::Release);
     sink.report
+}
+
+fn source_name(source: &SourceSpec) -> String {
+    match source {
+        SourceSpec::File(p) => p.display().to_string(),
+        SourceSpec::Stdin => "stdin".into(),
+    }
 }
 
 struct Sink<'a> {
@@ -191,6 +263,18 @@ struct Sink<'a> {
     /// Skipping the rest of a bad transaction: its id and the dead-letter record so far.
     skipping: Option<(String, DeadLetter)>,
     report: SinkReport,
+    /// Where the source stands after the last line read.
+    read: SourceMark,
+    /// After the last transaction of the group.
+    group_end: SourceMark,
+    /// After the last transaction handed to the node.
+    submitted: SourceMark,
+    /// Where the last checkpoint barrier was taken.
+    checkpointed: SourceMark,
+    last_checkpoint: Instant,
+    /// The source's size when this run opened it; `None` once the sink has replayed that far
+    /// and said so (or when it cannot tell).
+    catch_up_at: Option<u64>,
 }
 
 struct DeadLetter {
@@ -255,6 +339,7 @@ impl Sink<'_> {
                     self.group_opened = Instant::now();
                 }
                 self.group.push(ops);
+                self.group_end = self.read;
                 self.sources
                     .push(format!("{} (transaction {})", txn.begin, txn.id));
                 true
@@ -371,16 +456,60 @@ impl Sink<'_> {
                 self.report.transactions += self.group.len() as u64;
                 self.group.clear();
                 self.sources.clear();
+                self.submitted = self.group_end;
                 self.node
                     .status()
                     .duplicates_skipped
                     .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
+                self.check_caught_up(false);
+                if self
+                    .options
+                    .checkpoint_interval
+                    .is_some_and(|every| self.last_checkpoint.elapsed() >= every)
+                {
+                    self.checkpoint();
+                }
                 true
             }
             Err(e) => {
                 self.fail(format!("{}: {e}", self.name));
                 false
             }
+        }
+    }
+
+    /// Puts a checkpoint barrier after everything submitted, taken where the source stands
+    /// after the last submitted transaction.
+    fn checkpoint(&mut self) {
+        self.last_checkpoint = Instant::now();
+        if self.checkpointed == self.submitted {
+            return;
+        }
+        match self.node.checkpoint(self.submitted) {
+            Ok(Some(_)) => {
+                self.checkpointed = self.submitted;
+                self.report.checkpoints += 1;
+            }
+            // One is still on its way; the next group tries again.
+            Ok(None) => {}
+            Err(e) => tracing::warn!("checkpoint barrier: {e}"),
+        }
+    }
+
+    /// Once every transaction that was in the source when this run opened it has been
+    /// handed over (`at_end`: the reader has nothing more now), queries waiting for what the
+    /// node showed before a restart may begin once HWM passes the last of them.
+    fn check_caught_up(&mut self, at_end: bool) {
+        let Some(size) = self.catch_up_at else {
+            return;
+        };
+        if self.group.is_empty()
+            && (self.submitted.offset >= size || (at_end && self.read.offset >= size))
+        {
+            self.node.caught_up(Some(
+                self.report.last_ts.unwrap_or(Timestamp::GENESIS.get()),
+            ));
+            self.catch_up_at = None;
         }
     }
 

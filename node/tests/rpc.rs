@@ -30,6 +30,7 @@ fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Resu
         },
         listen: Some(listen),
         auth_token: token.map(str::to_owned),
+        await_source: false,
     })
     .map_err(|e| e.to_string())
 }
@@ -196,6 +197,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: Some("tok".into()),
+        await_source: false,
     })
     .unwrap();
     let h = node.handle().clone();

@@ -644,7 +644,9 @@ impl WriteBuffer {
                 sealed.push(match b {
                     BlockImage::Flushed => BlockState::Flushed,
                     BlockImage::Memory(batch) => {
-                        if batch.num_rows() != block_rows || batch.schema() != *schema.arrow_schema() {
+                        if batch.num_rows() != block_rows
+                            || batch.schema() != *schema.arrow_schema()
+                        {
                             return Err(corrupt(format!(
                                 "a sealed block of file {} does not match the table",
                                 f.id

@@ -111,10 +111,14 @@ impl<'a> Dec<'a> {
         Ok(self.take(1)?[0])
     }
     fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn len(&mut self) -> Result<usize> {
         let n = self.u64()?;
@@ -135,9 +139,7 @@ impl<'a> Dec<'a> {
     fn batch(&mut self) -> Result<RecordBatch> {
         let bytes = self.bytes()?;
         let mut r = StreamReader::try_new(Cursor::new(bytes), None)?;
-        let batch = r
-            .next()
-            .ok_or_else(|| self.corrupt("an empty block"))??;
+        let batch = r.next().ok_or_else(|| self.corrupt("an empty block"))??;
         Ok(batch)
     }
 }
@@ -228,7 +230,9 @@ impl ShardImage {
         }
         let (body, sum) = bytes.split_at(bytes.len() - 8);
         if fnv1a(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
-            return Err(corrupt("the checksum does not match (a torn or damaged file)"));
+            return Err(corrupt(
+                "the checksum does not match (a torn or damaged file)",
+            ));
         }
         let mut d = Dec {
             bytes: body,

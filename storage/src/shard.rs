@@ -817,7 +817,10 @@ impl Shard {
             }
             let buffer = WriteBuffer::from_image(schema.clone(), &shard.config, t.buffer)?;
             for vf in buffer.files() {
-                if files.get(&vf.id()).is_none_or(|f| f.visibility.rows() != vf.rows()) {
+                if files
+                    .get(&vf.id())
+                    .is_none_or(|f| f.visibility.rows() != vf.rows())
+                {
                     return Err(corrupt(format!(
                         "virtual file {} of `{}` has no visibility of its rows",
                         vf.id(),

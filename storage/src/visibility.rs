@@ -25,7 +25,12 @@ impl FileVisibility {
 
     /// A file of `rows` rows whose deletes at or before `base_ts` are `deleted` (bit i = row
     /// i, as from [`Self::bitmap_range`]), folded: what a checkpoint restores.
-    pub fn from_bitmap(tile_rows: u32, rows: u64, deleted: &[u64], base_ts: Timestamp) -> Result<Self> {
+    pub fn from_bitmap(
+        tile_rows: u32,
+        rows: u64,
+        deleted: &[u64],
+        base_ts: Timestamp,
+    ) -> Result<Self> {
         check_tile_rows(tile_rows)?;
         if deleted.len() != rows.div_ceil(64) as usize {
             return Err(StorageError::Corrupt {

@@ -113,7 +113,9 @@ fn failed_flushes_and_combinations_are_retried_without_loss() {
     // The combined files' blocks retire; they go once LWM passes, and a delete that could not
     // be sent is offered again.
     assert!(
-        shard.take_deletable(Timestamp::new(2).unwrap(), u64::MAX).is_empty(),
+        shard
+            .take_deletable(Timestamp::new(2).unwrap(), u64::MAX)
+            .is_empty(),
         "a query may still read them"
     );
     let retired = shard.take_deletable(Timestamp::new(ts + 1).unwrap(), u64::MAX);

@@ -76,8 +76,13 @@ enum GenOp {
 enum Step {
     Txn(Vec<GenOp>),
     Flush,
-    Gc { lag: u64 },
-    Read { table: u32, lag: u64 },
+    Gc {
+        lag: u64,
+    },
+    Read {
+        table: u32,
+        lag: u64,
+    },
     /// Checkpoint, encode, decode and go on with the restored shard (a restart).
     Restart,
 }
@@ -465,7 +470,9 @@ fn a_damaged_checkpoint_is_refused() {
     let bytes = shard.checkpoint(1).unwrap().encode().unwrap();
     assert!(retina_storage::ShardImage::decode(&bytes).is_ok());
     for cut in [bytes.len() - 1, bytes.len() / 2, 9] {
-        let err = retina_storage::ShardImage::decode(&bytes[..cut]).err().unwrap();
+        let err = retina_storage::ShardImage::decode(&bytes[..cut])
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("checkpoint"), "{err}");
     }
     let mut flipped = bytes.clone();

@@ -187,6 +187,7 @@ fn start(dir: &Path, shards: u16) -> Node {
         settings: settings(shards),
         listen: None,
         auth_token: None,
+        await_source: false,
     })
     .unwrap()
 }
@@ -200,6 +201,7 @@ fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> Sink
         dead_letter: dead_letter.to_path_buf(),
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
+        checkpoint_interval: None,
     };
     run_sink(node.handle(), &options, &AtomicBool::new(false))
 }
@@ -506,6 +508,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         dead_letter: dir.path().join("dead.json"),
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
+        checkpoint_interval: None,
     };
     let (h, s) = (node.handle().clone(), stop.clone());
     let sink = std::thread::spawn(move || run_sink(&h, &options, &s));
@@ -546,6 +549,7 @@ fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
         },
         listen: None,
         auth_token: None,
+        await_source: false,
     })
     .unwrap();
     let h = node.handle();
