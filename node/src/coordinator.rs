@@ -112,6 +112,8 @@ pub struct CoordinatorState {
     /// Queries begin once HWM passes this; `None` while the sink has not said how far the
     /// source reached before the restart.
     ready_at: Option<Timestamp>,
+    /// A shard stopped replay: HWM will not move, so no query waits for it.
+    replay_stopped: bool,
 }
 
 impl CoordinatorState {
@@ -132,6 +134,7 @@ impl CoordinatorState {
             checkpoint: persisted.checkpoint,
             pending_checkpoint: None,
             ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
+            replay_stopped: false,
         }
     }
 
@@ -185,7 +188,7 @@ impl CoordinatorState {
 
     /// Whether a query may begin now: HWM is back at least where it was before a restart.
     pub fn ready(&self) -> bool {
-        self.ready_at.is_some_and(|r| self.hwm.snapshot() >= r)
+        self.replay_stopped || self.ready_at.is_some_and(|r| self.hwm.snapshot() >= r)
     }
 
     /// The sink replayed the source as far as it reached before the restart, through `ts`;
@@ -197,7 +200,7 @@ impl CoordinatorState {
     /// Replay stopped (a shard failed): what is visible is all there will be, so queries
     /// stop waiting.
     pub fn replay_stopped(&mut self) {
-        self.ready_at = Some(Timestamp::GENESIS);
+        self.replay_stopped = true;
     }
 
     /// Starts checkpoint of everything handed out so far, taken at `source`: its id and
@@ -548,6 +551,11 @@ mod tests {
         again.applied(0, ts(16)).unwrap();
         again.applied(1, ts(16)).unwrap();
         assert!(again.ready());
+        again.caught_up(Some(ts(40)));
+        assert!(!again.ready(), "the sink says it is not there yet");
+        again.replay_stopped();
+        again.caught_up(Some(ts(40)));
+        assert!(again.ready(), "after replay stopped nothing waits for HWM");
         // A failed image abandons the checkpoint.
         let r = again.begin_checkpoint(mark).unwrap();
         assert_eq!(r.id, 2);

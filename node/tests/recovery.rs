@@ -1,0 +1,150 @@
+//! Recovery at the node's API, step by step: a checkpoint taken between two groups, a stop,
+//! and a restart that resumes from the checkpoint. Redone transactions get the timestamps they
+//! had, rows after the checkpoint are gone until they are redone, and a query that begins
+//! before HWM is back where queries saw it waits until it is.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use retina_node::catalog::Catalog;
+use retina_node::coordinator::SourceMark;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_storage::{RowOp, TableOp, Value};
+
+const DDL: &str = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT NOT NULL);";
+
+fn start(dir: &std::path::Path) -> Node {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 2,
+            ..Settings::default()
+        },
+        listen: None,
+        auth_token: None,
+        await_source: false,
+    })
+    .unwrap()
+}
+
+/// Transaction `k`: inserts row `k`, and from the second on, updates row `k - 1` and deletes
+/// row `k - 2`.
+fn txn(k: i64) -> Vec<TableOp<Vec<Value>>> {
+    let mut ops = vec![TableOp {
+        table: 0,
+        op: RowOp::Insert(vec![Value::Int(k), Value::Int(0)]),
+    }];
+    if k >= 1 {
+        ops.push(TableOp {
+            table: 0,
+            op: RowOp::Update {
+                before: vec![Value::Int(k - 1), Value::Int(0)],
+                after: vec![Value::Int(k - 1), Value::Int(k)],
+            },
+        });
+    }
+    if k >= 2 {
+        ops.push(TableOp {
+            table: 0,
+            op: RowOp::Delete(vec![Value::Int(k - 2), Value::Int(k - 1)]),
+        });
+    }
+    ops
+}
+
+fn ids(node: &Node, ts: u64) -> Vec<i64> {
+    let batches = node
+        .handle()
+        .read_table(0, retina_storage::Timestamp::new(ts).unwrap())
+        .unwrap();
+    let mut out: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            retina_storage::value::batch_rows(
+                b,
+                &[
+                    retina_storage::ColumnType::Int64,
+                    retina_storage::ColumnType::Int64,
+                    retina_storage::ColumnType::Int64,
+                ],
+            )
+        })
+        .map(|r| match r[0] {
+            Value::Int(i) => i,
+            _ => unreachable!(),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn wait_checkpoint(node: &Node, id: u64) {
+    let start = Instant::now();
+    while node.handle().status().checkpoint_id.load(Ordering::Acquire) < id {
+        assert!(start.elapsed() < Duration::from_secs(10), "checkpoint {id}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path());
+    let h = node.handle().clone();
+    let first: Vec<_> = (0..300).map(txn).collect();
+    assert_eq!(h.submit(&first, &[]).unwrap(), 2..=301);
+    let mark = SourceMark {
+        offset: 12_345,
+        line: 300,
+    };
+    let id = h
+        .checkpoint(mark)
+        .unwrap()
+        .expect("no checkpoint on its way");
+    wait_checkpoint(&node, id);
+    let second: Vec<_> = (300..400).map(txn).collect();
+    assert_eq!(h.submit(&second, &[]).unwrap(), 302..=401);
+    assert!(h.wait_visible(401, Duration::from_secs(10)));
+    assert_eq!(ids(&node, 401), vec![398, 399]);
+    node.shutdown();
+
+    // The restart resumes at the checkpoint: 300 transactions, timestamps through 301.
+    let node = start(dir.path());
+    let h = node.handle().clone();
+    assert_eq!(h.resume(), Some(mark));
+    assert_eq!(h.status().hwm().get().get(), 302);
+    assert_eq!(ids(&node, 301), vec![298, 299]);
+    // A query waits: a query before the stop may have seen HWM 402.
+    let waiting = {
+        let h = h.clone();
+        std::thread::spawn(move || h.begin_query().unwrap())
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !waiting.is_finished(),
+        "a query began behind what one saw before"
+    );
+    assert_eq!(
+        h.submit(&second, &[]).unwrap(),
+        302..=401,
+        "the same timestamps"
+    );
+    let (_, snapshot) = waiting.join().unwrap();
+    assert_eq!(snapshot.get(), 401);
+    assert_eq!(ids(&node, 401), vec![398, 399]);
+    // It goes on from there, and a later checkpoint replaces the first.
+    assert_eq!(h.submit(&[txn(400)], &[]).unwrap(), 402..=402);
+    let id = h.checkpoint(SourceMark::default()).unwrap().unwrap();
+    wait_checkpoint(&node, id);
+    assert_eq!(id, 2);
+    assert!(!dir.path().join("checkpoints/0000000000000001").exists());
+    node.shutdown();
+}
