@@ -420,5 +420,89 @@ fn vfor(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, sizes, write_buffer, visibility, index, shard, vfor);
+/// A shard's checkpoint image of 1M order lines (combined into files, 10% deleted): the time
+/// to take and encode it, to decode and restore it, and its size per row (recorded to
+/// `bench/results/storage_sizes.jsonl`).
+fn checkpoint(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = retina_storage::file::local_store(dir.path()).unwrap();
+    let schema = orderline_schema();
+    let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
+    let t = shard.add_table(schema.clone());
+    let rows: Vec<_> = OrderLines::new(5, 10).take(1 << 20).collect();
+    for (i, c) in rows.chunks(1000).enumerate() {
+        let ops: Vec<_> = c
+            .iter()
+            .map(|r| TableOp {
+                table: t,
+                op: RowOp::Insert(r.clone()),
+            })
+            .collect();
+        shard.apply(ts(i as u64 + 2), &ops).unwrap();
+    }
+    let mut now = shard.applied_through().get();
+    for c in rows.iter().step_by(10).collect::<Vec<_>>().chunks(100) {
+        now += 1;
+        let ops: Vec<_> = c
+            .iter()
+            .map(|r| TableOp {
+                table: t,
+                op: RowOp::Delete((*r).clone()),
+            })
+            .collect();
+        shard.apply(ts(now), &ops).unwrap();
+    }
+    futures::executor::block_on(shard.flush_and_combine(store.as_ref())).unwrap();
+    let mut id = 0;
+    let bytes = {
+        id += 1;
+        shard.checkpoint(id).unwrap().encode().unwrap()
+    };
+    let per_row = bytes.len() as f64 * 8.0 / rows.len() as f64;
+    println!(
+        "checkpoint: {} bytes for {} rows ({per_row:.1} bit/row; index {:.1} MiB in memory)",
+        bytes.len(),
+        rows.len(),
+        shard.memory().index_bytes as f64 / (1 << 20) as f64
+    );
+    let _ = record(
+        "storage_sizes",
+        "checkpoint_bits_per_row",
+        per_row,
+        "bit/row",
+    );
+    let mut g = c.benchmark_group("checkpoint");
+    g.throughput(Throughput::Elements(rows.len() as u64));
+    g.sample_size(10);
+    g.bench_function("take_and_encode", |b| {
+        b.iter(|| {
+            id += 1;
+            shard.checkpoint(id).unwrap().encode().unwrap()
+        })
+    });
+    g.bench_function("decode_and_restore", |b| {
+        b.iter(|| {
+            let image = retina_storage::ShardImage::decode(&bytes).unwrap();
+            Shard::from_image(
+                StorageConfig::default(),
+                std::slice::from_ref(&schema),
+                image,
+                1,
+            )
+            .unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    sizes,
+    write_buffer,
+    visibility,
+    index,
+    shard,
+    vfor,
+    checkpoint
+);
 criterion_main!(benches);

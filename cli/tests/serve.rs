@@ -160,12 +160,11 @@ fn serves_stdin_and_reports_bad_input_with_its_position() {
     let start = Instant::now();
     loop {
         let m = metrics(port).unwrap_or_default();
-        if metric(&m, "retina_replay_stopped") == Some(1.0) {
-            assert_eq!(
-                metric(&m, "retina_hwm"),
-                Some(22.0),
-                "the 20 good transactions stay"
-            );
+        // The 20 good transactions stay visible; the shards may report them just after the
+        // sink stopped on the bad line.
+        if metric(&m, "retina_replay_stopped") == Some(1.0)
+            && metric(&m, "retina_hwm") == Some(22.0)
+        {
             break;
         }
         assert!(start.elapsed() < Duration::from_secs(30), "{m}");

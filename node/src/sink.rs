@@ -78,6 +78,8 @@ pub struct SinkReport {
 
 /// How long a follower waits at the end of its file before looking again.
 const FOLLOW_POLL: Duration = Duration::from_millis(5);
+/// How long the sink's last checkpoint waits for an earlier one to finish.
+const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
 /// Read buffer of the source.
 const READ_BUFFER_BYTES: usize = 1 << 20;
 
@@ -226,7 +228,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         }
         // A restart after this one starts here.
         if sink.report.stopped_by.is_none() && sink.options.checkpoint_interval.is_some() {
-            sink.checkpoint();
+            sink.final_checkpoint();
         }
     }
     // Whatever stopped the sink, queries waiting for it need not wait longer.
@@ -493,6 +495,20 @@ impl Sink<'_> {
             // One is still on its way; the next group tries again.
             Ok(None) => {}
             Err(e) => tracing::warn!("checkpoint barrier: {e}"),
+        }
+    }
+
+    /// A checkpoint of everything submitted, waiting for one still on its way to finish first.
+    fn final_checkpoint(&mut self) {
+        let start = Instant::now();
+        while self.checkpointed != self.submitted
+            && self.node.status().error().is_none()
+            && start.elapsed() < FINAL_CHECKPOINT_WAIT
+        {
+            self.checkpoint();
+            if self.checkpointed != self.submitted {
+                std::thread::sleep(FOLLOW_POLL);
+            }
         }
     }
 
