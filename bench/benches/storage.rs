@@ -258,12 +258,12 @@ fn shard(c: &mut Criterion) {
     g.finish();
 }
 
-/// Sizes, not times: printed and recorded to `bench/results/storage_sizes.jsonl`.
-fn sizes(_: &mut Criterion) {
-    // Visibility after a fold: a file of 1M rows with 10% of its rows deleted, folded.
+/// A shard holding 1M order lines (seeded), one transaction per 1000, then every tenth row
+/// deleted, 100 deletes per transaction.
+fn orderlines_with_deletes(seed: u64) -> (Shard, Vec<Vec<retina_storage::Value>>) {
     let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
     let t = shard.add_table(orderline_schema());
-    let rows: Vec<_> = OrderLines::new(4, 10).take(1 << 20).collect();
+    let rows: Vec<_> = OrderLines::new(seed, 10).take(1 << 20).collect();
     for (i, c) in rows.chunks(1000).enumerate() {
         let ops: Vec<_> = c
             .iter()
@@ -286,6 +286,14 @@ fn sizes(_: &mut Criterion) {
             .collect();
         shard.apply(ts(now), &ops).unwrap();
     }
+    (shard, rows)
+}
+
+/// Sizes, not times: printed and recorded to `bench/results/storage_sizes.jsonl`.
+fn sizes(_: &mut Criterion) {
+    // Visibility after a fold: a file of 1M rows with 10% of its rows deleted, folded.
+    let (mut shard, rows) = orderlines_with_deletes(4);
+    let now = shard.applied_through().get();
     let before = shard.memory().visibility_bytes as f64 * 8.0 / rows.len() as f64;
     shard.gc(ts(now));
     let after = shard.memory().visibility_bytes as f64 * 8.0 / rows.len() as f64;
@@ -427,31 +435,7 @@ fn checkpoint(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let store = retina_storage::file::local_store(dir.path()).unwrap();
     let schema = orderline_schema();
-    let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
-    let t = shard.add_table(schema.clone());
-    let rows: Vec<_> = OrderLines::new(5, 10).take(1 << 20).collect();
-    for (i, c) in rows.chunks(1000).enumerate() {
-        let ops: Vec<_> = c
-            .iter()
-            .map(|r| TableOp {
-                table: t,
-                op: RowOp::Insert(r.clone()),
-            })
-            .collect();
-        shard.apply(ts(i as u64 + 2), &ops).unwrap();
-    }
-    let mut now = shard.applied_through().get();
-    for c in rows.iter().step_by(10).collect::<Vec<_>>().chunks(100) {
-        now += 1;
-        let ops: Vec<_> = c
-            .iter()
-            .map(|r| TableOp {
-                table: t,
-                op: RowOp::Delete((*r).clone()),
-            })
-            .collect();
-        shard.apply(ts(now), &ops).unwrap();
-    }
+    let (mut shard, rows) = orderlines_with_deletes(5);
     futures::executor::block_on(shard.flush_and_combine(store.as_ref())).unwrap();
     let mut id = 0;
     let bytes = {
