@@ -237,19 +237,15 @@ impl Plan {
 }
 
 impl Shard {
+    /// An empty shard. File ids start at sequence 0: a restart either restores the sequence
+    /// from its checkpoint or starts from a lake with no files of this node.
     pub fn new(id: u16, config: StorageConfig) -> Result<Self> {
-        Self::with_file_seq(id, config, 0)
-    }
-
-    /// A shard whose file ids start at sequence `first_file_seq` (a node gives each run its own
-    /// range, so files of an earlier run are never overwritten).
-    pub fn with_file_seq(id: u16, config: StorageConfig, first_file_seq: u64) -> Result<Self> {
         config.validate()?;
         Ok(Shard {
             id,
             config,
             tables: Vec::new(),
-            next_file_seq: first_file_seq,
+            next_file_seq: 0,
             applied_through: Timestamp::GENESIS,
             last_checkpoint: 0,
             plan: Plan::default(),
