@@ -15,11 +15,12 @@ use arrow::record_batch::RecordBatch;
 use crate::buffer::{BlockImage, BufferImage, VirtualFileImage};
 use crate::error::{Result, StorageError};
 use crate::file::RowGroupInfo;
-use crate::index::{Extent, FileId, RowId};
+use crate::index::{Extent, FileId, KeptRows, RowId};
 use crate::ts::Timestamp;
 
 const MAGIC: &[u8; 8] = b"RTNACKPT";
-const VERSION: u32 = 1;
+/// 2: extents of rewritten files carry their kept rows.
+const VERSION: u32 = 2;
 
 /// One shard as of `applied_through`.
 pub struct ShardImage {
@@ -76,6 +77,12 @@ impl Enc {
         self.len(b.len());
         self.0.extend_from_slice(b);
     }
+    fn words(&mut self, w: &[u64]) {
+        self.len(w.len());
+        for x in w {
+            self.u64(*x);
+        }
+    }
     fn batch(&mut self, batch: &RecordBatch) -> Result<()> {
         let mut out = Vec::new();
         let mut w = StreamWriter::try_new(&mut out, &batch.schema())?;
@@ -88,6 +95,7 @@ impl Enc {
 }
 
 struct Dec<'a> {
+    what: &'static str,
     bytes: &'a [u8],
     at: usize,
 }
@@ -95,7 +103,7 @@ struct Dec<'a> {
 impl<'a> Dec<'a> {
     fn corrupt(&self, reason: impl Into<String>) -> StorageError {
         StorageError::Corrupt {
-            what: "a shard checkpoint".into(),
+            what: self.what.into(),
             reason: format!("at byte {}: {}", self.at, reason.into()),
         }
     }
@@ -132,6 +140,10 @@ impl<'a> Dec<'a> {
         let n = self.len()?;
         self.take(n)
     }
+    fn words(&mut self) -> Result<Vec<u64>> {
+        let n = self.len()?;
+        (0..n).map(|_| self.u64()).collect()
+    }
     fn ts(&mut self) -> Result<Timestamp> {
         let raw = self.u64()?;
         Timestamp::new(raw).map_err(|_| self.corrupt(format!("timestamp {raw}")))
@@ -142,6 +154,25 @@ impl<'a> Dec<'a> {
         let batch = r.next().ok_or_else(|| self.corrupt("an empty block"))??;
         Ok(batch)
     }
+}
+
+/// The bytes before the checksum of an encoding that begins with `magic`, once the checksum
+/// matches.
+fn checked_body<'a>(bytes: &'a [u8], magic: &[u8; 8], what: &str) -> Result<&'a [u8]> {
+    let corrupt = |reason: &str| StorageError::Corrupt {
+        what: what.into(),
+        reason: reason.into(),
+    };
+    if bytes.len() < magic.len() + 12 || &bytes[..magic.len()] != magic {
+        return Err(corrupt("bad magic: not this kind of file"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    if fnv1a(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+        return Err(corrupt(
+            "the checksum does not match (a torn or damaged file)",
+        ));
+    }
+    Ok(body)
 }
 
 impl ShardImage {
@@ -166,15 +197,19 @@ impl ShardImage {
                 e.u64(x.file.0);
                 e.u64(x.offset);
                 e.u64(x.rows);
+                match &x.kept {
+                    None => e.u8(0),
+                    Some(k) => {
+                        e.u8(1);
+                        e.words(k.bits());
+                    }
+                }
             }
             e.len(t.files.len());
             for f in &t.files {
                 e.u64(f.id.0);
                 e.u64(f.rows);
-                e.len(f.deleted.len());
-                for w in &f.deleted {
-                    e.u64(*w);
-                }
+                e.words(&f.deleted);
                 match &f.regular {
                     None => e.u8(0),
                     Some(groups) => {
@@ -221,20 +256,9 @@ impl ShardImage {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let corrupt = |reason: &str| StorageError::Corrupt {
-            what: "a shard checkpoint".into(),
-            reason: reason.into(),
-        };
-        if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(corrupt("not a checkpoint (bad magic)"));
-        }
-        let (body, sum) = bytes.split_at(bytes.len() - 8);
-        if fnv1a(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
-            return Err(corrupt(
-                "the checksum does not match (a torn or damaged file)",
-            ));
-        }
+        let body = checked_body(bytes, MAGIC, "a shard checkpoint")?;
         let mut d = Dec {
+            what: "a shard checkpoint",
             bytes: body,
             at: MAGIC.len(),
         };
@@ -258,10 +282,21 @@ impl ShardImage {
             let mut extents = Vec::new();
             for _ in 0..d.len()? {
                 let first = RowId(d.u64()?);
+                let file = FileId(d.u64()?);
+                let offset = d.u64()?;
+                let rows = d.u64()?;
+                let kept = match d.u8()? {
+                    0 => None,
+                    1 => Some(std::sync::Arc::new(
+                        KeptRows::new(rows, d.words()?).map_err(|e| d.corrupt(e.to_string()))?,
+                    )),
+                    t => return Err(d.corrupt(format!("extent tag {t}"))),
+                };
                 let x = Extent {
-                    file: FileId(d.u64()?),
-                    offset: d.u64()?,
-                    rows: d.u64()?,
+                    file,
+                    offset,
+                    rows,
+                    kept,
                 };
                 extents.push((first, x));
             }
@@ -269,10 +304,7 @@ impl ShardImage {
             for _ in 0..d.len()? {
                 let id = FileId(d.u64()?);
                 let rows = d.u64()?;
-                let mut deleted = Vec::new();
-                for _ in 0..d.len()? {
-                    deleted.push(d.u64()?);
-                }
+                let deleted = d.words()?;
                 let regular = match d.u8()? {
                     0 => None,
                     1 => {
@@ -345,5 +377,141 @@ impl ShardImage {
             next_file_seq,
             tables,
         })
+    }
+}
+
+const VIS_MAGIC: &[u8; 8] = b"RTNAVISC";
+const VIS_VERSION: u32 = 1;
+
+/// A long query's visibility checkpoint on one shard: every file's deleted rows at the
+/// query's snapshot (one bit per row). Once it is written, memory GC may fold past the
+/// snapshot; the query's bitmaps then come from here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VisibilityImage {
+    pub shard: u16,
+    pub snapshot: Timestamp,
+    /// Each file's rows when the image was taken and its deleted rows (bit i = row i).
+    pub files: std::collections::BTreeMap<FileId, (u64, Vec<u64>)>,
+}
+
+impl VisibilityImage {
+    /// Rows `start .. start + len` of `file` deleted at the snapshot, into `out` (as
+    /// [`crate::FileVisibility::bitmap_range`]). Rows the image does not hold were created
+    /// after it, so after the snapshot: not deleted there.
+    pub fn bitmap_range(&self, file: FileId, start: u64, len: u64, out: &mut Vec<u64>) {
+        assert_eq!(start % 64, 0, "bitmap ranges start at a word boundary");
+        out.clear();
+        out.resize(len.div_ceil(64) as usize, 0);
+        if let Some((rows, words)) = self.files.get(&file) {
+            let first = (start / 64) as usize;
+            let upto = (start + len).min(*rows).div_ceil(64) as usize;
+            if upto > first {
+                out[..upto - first].copy_from_slice(&words[first..upto]);
+            }
+            if len % 64 != 0
+                && let Some(last) = out.last_mut()
+            {
+                *last &= (1u64 << (len % 64)) - 1;
+            }
+        }
+    }
+
+    /// Bytes the image takes in memory once loaded.
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self
+                .files
+                .values()
+                .map(|(_, w)| 48 + w.len() * 8)
+                .sum::<usize>()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let words: usize = self.files.values().map(|(_, w)| w.len()).sum();
+        let mut e = Enc(Vec::with_capacity(64 + words * 8 + self.files.len() * 24));
+        e.0.extend_from_slice(VIS_MAGIC);
+        e.u32(VIS_VERSION);
+        e.u32(u32::from(self.shard));
+        e.u64(self.snapshot.get());
+        e.len(self.files.len());
+        for (id, (rows, deleted)) in &self.files {
+            e.u64(id.0);
+            e.u64(*rows);
+            e.words(deleted);
+        }
+        let sum = fnv1a(&e.0);
+        e.u64(sum);
+        e.0
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        const WHAT: &str = "a visibility checkpoint";
+        let body = checked_body(bytes, VIS_MAGIC, WHAT)?;
+        let mut d = Dec {
+            what: WHAT,
+            bytes: body,
+            at: VIS_MAGIC.len(),
+        };
+        let version = d.u32()?;
+        if version != VIS_VERSION {
+            return Err(d.corrupt(format!("version {version}, this build reads {VIS_VERSION}")));
+        }
+        let shard = d.u32()?;
+        let shard = u16::try_from(shard).map_err(|_| d.corrupt(format!("shard {shard}")))?;
+        let snapshot = d.ts()?;
+        let mut files = std::collections::BTreeMap::new();
+        for _ in 0..d.len()? {
+            let id = FileId(d.u64()?);
+            let rows = d.u64()?;
+            let deleted = d.words()?;
+            if deleted.len() != rows.div_ceil(64) as usize {
+                return Err(d.corrupt(format!("{} words for {rows} rows", deleted.len())));
+            }
+            files.insert(id, (rows, deleted));
+        }
+        if d.at != body.len() {
+            return Err(d.corrupt("trailing bytes"));
+        }
+        Ok(VisibilityImage {
+            shard,
+            snapshot,
+            files,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn visibility_images_round_trip_and_answer_ranges() {
+        let mut files = std::collections::BTreeMap::new();
+        files.insert(FileId::new(1, 3), (130, vec![0b1010, u64::MAX, 0b11]));
+        let image = VisibilityImage {
+            shard: 1,
+            snapshot: Timestamp::new(77).unwrap(),
+            files,
+        };
+        let bytes = image.encode();
+        assert_eq!(VisibilityImage::decode(&bytes).unwrap(), image);
+        let mut torn = bytes.clone();
+        torn.truncate(bytes.len() - 3);
+        assert!(VisibilityImage::decode(&torn).is_err());
+        let mut flipped = bytes;
+        flipped[30] ^= 1;
+        assert!(VisibilityImage::decode(&flipped).is_err());
+
+        let mut out = Vec::new();
+        image.bitmap_range(FileId::new(1, 3), 64, 100, &mut out);
+        assert_eq!(
+            out,
+            vec![u64::MAX, 0b11],
+            "rows past the image are not deleted"
+        );
+        image.bitmap_range(FileId::new(1, 3), 0, 3, &mut out);
+        assert_eq!(out, vec![0b010]);
+        image.bitmap_range(FileId::new(1, 9), 0, 64, &mut out);
+        assert_eq!(out, vec![0], "a file started after the image");
     }
 }

@@ -343,6 +343,66 @@ pub async fn combine_blocks(
     })
 }
 
+/// Storage GC: writes the rows of `job.source` live at the job's safe timestamp to
+/// `job.target`, every column with `_create_ts` as stored, checking the rows before writing and
+/// the footer after. A job that keeps no row writes nothing. The source is left in place: it
+/// goes once no query can still read it.
+pub async fn rewrite_file(
+    store: &dyn ObjectStore,
+    schema: &TableSchema,
+    config: &StorageConfig,
+    job: &crate::shard::RewriteJob,
+) -> Result<CombinedFile> {
+    let kept = job.kept_rows();
+    if kept == 0 {
+        return Ok(CombinedFile {
+            groups: Vec::new(),
+            bytes: 0,
+        });
+    }
+    let bytes = get(store, &job.source).await?;
+    let mut batches = Vec::new();
+    let mut row = 0u64;
+    for b in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
+        let b = b?;
+        let n = b.num_rows() as u64;
+        if row + n > job.rows {
+            return Err(StorageError::Corrupt {
+                what: format!("file {} being rewritten", job.file),
+                reason: format!("more than the {} rows its visibility holds", job.rows),
+            });
+        }
+        batches.push(mask_deleted(&b, &job.deleted, row)?);
+        row += n;
+    }
+    let live: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    if row != job.rows || live != kept {
+        return Err(StorageError::Corrupt {
+            what: format!("file {} being rewritten", job.file),
+            reason: format!(
+                "{row} rows read back ({live} live), {} expected ({kept} live)",
+                job.rows
+            ),
+        });
+    }
+    let out = encode(schema, &batches, writer_properties(config))?;
+    let meta = ArrowReaderMetadata::load(&out, ArrowReaderOptions::new())?;
+    let groups = row_groups(meta.metadata(), schema)?;
+    let written: u64 = groups.iter().map(|g| g.rows).sum();
+    if written != kept {
+        return Err(StorageError::Corrupt {
+            what: format!("rewritten file {}", job.target_file),
+            reason: format!("{written} rows encoded, {kept} expected"),
+        });
+    }
+    let size = out.len() as u64;
+    store.put(&job.target, PutPayload::from(out)).await?;
+    Ok(CombinedFile {
+        groups,
+        bytes: size,
+    })
+}
+
 /// Reads a whole object.
 pub async fn get(store: &dyn ObjectStore, path: &Path) -> Result<Bytes> {
     Ok(store.get(path).await?.bytes().await?)

@@ -200,12 +200,130 @@ impl PrimaryIndex {
     }
 }
 
-/// A range of row ids laid out contiguously in one file.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+/// A range of row ids laid out in one file: contiguously from `offset`, or, after storage GC
+/// rewrote the file, only the rows `kept` marks, each at its rank among them.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Extent {
     pub file: FileId,
     pub offset: u64,
+    /// Row ids in the range (kept or not).
     pub rows: u64,
+    pub kept: Option<std::sync::Arc<KeptRows>>,
+}
+
+impl Extent {
+    /// `rows` row ids at `file`'s rows `offset ..`.
+    pub fn dense(file: FileId, offset: u64, rows: u64) -> Self {
+        Extent {
+            file,
+            offset,
+            rows,
+            kept: None,
+        }
+    }
+
+    /// The file offset of the range's `i`-th row id; `None` for a row storage GC dropped.
+    fn offset_of(&self, i: u64) -> Option<u64> {
+        match &self.kept {
+            None => Some(self.offset + i),
+            Some(k) => k.rank(i).map(|r| self.offset + r),
+        }
+    }
+}
+
+/// Which rows of a range survived a file rewrite (bit i = row i kept), with the kept rows
+/// counted before every word so a row's new offset (its rank) takes one popcount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptRows {
+    bits: Vec<u64>,
+    before: Vec<u32>,
+    rows: u64,
+}
+
+impl KeptRows {
+    /// `bits` over `rows` rows (bits past `rows` must be 0).
+    pub fn new(rows: u64, bits: Vec<u64>) -> Result<Self> {
+        if bits.len() != rows.div_ceil(64) as usize
+            || (rows % 64 != 0 && bits.last().is_some_and(|w| w >> (rows % 64) != 0))
+        {
+            return Err(StorageError::Corrupt {
+                what: "a kept-rows bitmap".into(),
+                reason: format!("{} words for {rows} rows", bits.len()),
+            });
+        }
+        let mut before = Vec::with_capacity(bits.len());
+        let mut n = 0u32;
+        for w in &bits {
+            before.push(n);
+            n += w.count_ones();
+        }
+        Ok(KeptRows { bits, before, rows })
+    }
+
+    /// The rows not marked in `deleted` (bit i = row i deleted) among the first `rows`.
+    pub fn complement(rows: u64, deleted: &[u64]) -> Result<Self> {
+        let mut bits: Vec<u64> = deleted.iter().map(|w| !w).collect();
+        bits.resize(rows.div_ceil(64) as usize, u64::MAX);
+        if rows % 64 != 0
+            && let Some(last) = bits.last_mut()
+        {
+            *last &= (1u64 << (rows % 64)) - 1;
+        }
+        Self::new(rows, bits)
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    pub fn bits(&self) -> &[u64] {
+        &self.bits
+    }
+
+    /// Rows kept.
+    pub fn kept(&self) -> u64 {
+        self.before.last().map_or(0, |&n| {
+            u64::from(n) + u64::from(self.bits.last().expect("same length").count_ones())
+        })
+    }
+
+    /// Row `i`'s rank among the kept rows, `None` if it was dropped.
+    pub fn rank(&self, i: u64) -> Option<u64> {
+        if i >= self.rows {
+            return None;
+        }
+        let (w, b) = ((i / 64) as usize, i % 64);
+        let word = self.bits[w];
+        (word >> b & 1 != 0)
+            .then(|| u64::from(self.before[w]) + u64::from((word & ((1u64 << b) - 1)).count_ones()))
+    }
+
+    /// These rows after a second rewrite kept `next` of them (bit j = the j-th kept row).
+    pub fn then(&self, next: &KeptRows) -> Result<KeptRows> {
+        assert_eq!(
+            next.rows,
+            self.kept(),
+            "a rewrite keeps a subset of the kept rows"
+        );
+        let mut bits = vec![0u64; self.bits.len()];
+        let mut j = 0;
+        for (w, &word) in self.bits.iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                let b = rest.trailing_zeros();
+                rest &= rest - 1;
+                if next.bits[(j / 64) as usize] >> (j % 64) & 1 != 0 {
+                    bits[w] |= 1 << b;
+                }
+                j += 1;
+            }
+        }
+        KeptRows::new(self.rows, bits)
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.bits.len() * 8 + self.before.len() * 4
+    }
 }
 
 /// Row-id ranges -> (file, row offset range).
@@ -219,7 +337,8 @@ impl RowIdMap {
         Self::default()
     }
 
-    /// Maps row ids `first .. first + extent.rows` to `extent`, replacing what mapped there.
+    /// Maps row ids `first .. first + extent.rows` to `extent`, replacing what mapped there. An
+    /// extent with kept rows is only ever replaced whole.
     pub fn map(&mut self, first: RowId, extent: Extent) {
         let end = first.0 + extent.rows;
         // Cut any extent overlapping the new range.
@@ -232,20 +351,26 @@ impl RowIdMap {
             .collect();
         for start in overlapping {
             let old = self.extents.remove(&start).expect("listed above");
+            let old_end = start + old.rows;
+            assert!(
+                old.kept.is_none() || (start >= first.0 && old_end <= end),
+                "a rewritten file's row ids are remapped whole"
+            );
             if start < first.0 {
                 let rows = first.0 - start;
-                self.extents.insert(start, Extent { rows, ..old });
+                self.extents.insert(
+                    start,
+                    Extent {
+                        rows,
+                        ..old.clone()
+                    },
+                );
             }
-            let old_end = start + old.rows;
             if old_end > end {
                 let skip = end - start;
                 self.extents.insert(
                     end,
-                    Extent {
-                        file: old.file,
-                        offset: old.offset + skip,
-                        rows: old_end - end,
-                    },
+                    Extent::dense(old.file, old.offset + skip, old_end - end),
                 );
             }
         }
@@ -254,15 +379,26 @@ impl RowIdMap {
 
     pub fn locate(&self, row: RowId) -> Option<RowLocation> {
         let (start, e) = self.extents.range(..=row.0).next_back()?;
-        (row.0 < start + e.rows).then(|| RowLocation {
+        if row.0 >= start + e.rows {
+            return None;
+        }
+        e.offset_of(row.0 - start).map(|offset| RowLocation {
             file: e.file,
-            offset: e.offset + (row.0 - start),
+            offset,
         })
     }
 
+    /// The one range of row ids that maps to `file`, with its first row id.
+    pub fn extent_of(&self, file: FileId) -> Option<(RowId, &Extent)> {
+        self.extents
+            .iter()
+            .find(|(_, e)| e.file == file)
+            .map(|(&first, e)| (RowId(first), e))
+    }
+
     /// Every extent with the first row id it maps, in row-id order.
-    pub fn iter(&self) -> impl Iterator<Item = (RowId, Extent)> + '_ {
-        self.extents.iter().map(|(&first, &e)| (RowId(first), e))
+    pub fn iter(&self) -> impl Iterator<Item = (RowId, &Extent)> + '_ {
+        self.extents.iter().map(|(&first, e)| (RowId(first), e))
     }
 
     pub fn extents(&self) -> usize {
@@ -271,6 +407,11 @@ impl RowIdMap {
 
     pub fn memory_bytes(&self) -> usize {
         self.extents.len() * (std::mem::size_of::<(u64, Extent)>() + 16)
+            + self
+                .extents
+                .values()
+                .filter_map(|e| e.kept.as_ref().map(|k| k.memory_bytes()))
+                .sum::<usize>()
     }
 }
 
@@ -315,22 +456,8 @@ mod tests {
     fn row_id_extents_split() {
         let f = |n| FileId::new(0, n);
         let mut m = RowIdMap::new();
-        m.map(
-            RowId(0),
-            Extent {
-                file: f(1),
-                offset: 0,
-                rows: 100,
-            },
-        );
-        m.map(
-            RowId(40),
-            Extent {
-                file: f(2),
-                offset: 0,
-                rows: 20,
-            },
-        );
+        m.map(RowId(0), Extent::dense(f(1), 0, 100));
+        m.map(RowId(40), Extent::dense(f(2), 0, 20));
         assert_eq!(
             m.locate(RowId(39)),
             Some(RowLocation {
@@ -354,5 +481,59 @@ mod tests {
         );
         assert_eq!(m.locate(RowId(100)), None);
         assert_eq!(m.extents(), 3);
+    }
+
+    #[test]
+    fn kept_rows_rank_and_compose() {
+        // 130 rows; every third dropped.
+        let deleted: Vec<u64> = {
+            let mut d = vec![0u64; 3];
+            for i in (0..130).step_by(3) {
+                d[i / 64] |= 1 << (i % 64);
+            }
+            d
+        };
+        let k = KeptRows::complement(130, &deleted).unwrap();
+        assert_eq!(k.kept(), 130 - 44);
+        assert_eq!(k.rank(0), None);
+        assert_eq!(k.rank(1), Some(0));
+        assert_eq!(k.rank(2), Some(1));
+        assert_eq!(k.rank(4), Some(2));
+        assert_eq!(k.rank(129), None);
+        assert_eq!(k.rank(128), Some(85));
+        assert_eq!(k.rank(130), None);
+        // A second rewrite keeps every other surviving row.
+        let mut next = vec![0u64; 2];
+        for j in (0..86).step_by(2) {
+            next[j / 64] |= 1 << (j % 64);
+        }
+        let both = k.then(&KeptRows::new(86, next).unwrap()).unwrap();
+        assert_eq!(both.kept(), 43);
+        assert_eq!(both.rank(1), Some(0));
+        assert_eq!(both.rank(2), None);
+        assert_eq!(both.rank(4), Some(1));
+
+        let f = FileId::new(0, 9);
+        let mut m = RowIdMap::new();
+        m.map(RowId(1000), Extent::dense(f, 0, 130));
+        m.map(
+            RowId(1000),
+            Extent {
+                file: FileId::new(0, 10),
+                offset: 0,
+                rows: 130,
+                kept: Some(std::sync::Arc::new(k)),
+            },
+        );
+        assert_eq!(m.locate(RowId(1000)), None, "a dropped row has no location");
+        assert_eq!(
+            m.locate(RowId(1004)),
+            Some(RowLocation {
+                file: FileId::new(0, 10),
+                offset: 2
+            })
+        );
+        assert_eq!(m.extent_of(FileId::new(0, 10)).unwrap().0, RowId(1000));
+        assert!(m.extent_of(f).is_none());
     }
 }

@@ -19,14 +19,14 @@ pub mod value;
 pub mod visibility;
 
 pub use buffer::{BlockData, BlockId, WriteBuffer};
-pub use checkpoint::ShardImage;
+pub use checkpoint::{ShardImage, VisibilityImage};
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};
-pub use index::{FileId, PrimaryIndex, RowId, RowIdMap, RowLocation};
+pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLocation};
 pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
 pub use shard::{
-    ApplyStats, MemoryUsage, RowGroupBitmap, RowOp, Shard, TableId, TableOp, TableOpRef,
-    TableSnapshot,
+    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RewriteJob, RowGroupBitmap, RowOp,
+    Shard, TableId, TableOp, TableOpRef, TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};

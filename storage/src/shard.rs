@@ -10,11 +10,12 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 
 use crate::buffer::{BlockData, BlockId, CombineJob, FlushJob, WriteBuffer, file_path};
+use crate::checkpoint::VisibilityImage;
 use crate::checkpoint::{FileImage, ShardImage, TableImage};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
 use crate::file::{self, Projection, RowGroupInfo};
-use crate::index::{Extent, FileId, PrimaryIndex, RowIdMap};
+use crate::index::{Extent, FileId, KeptRows, PrimaryIndex, RowIdMap};
 use crate::key::{display_key, encode_key};
 use crate::schema::TableSchema;
 use crate::ts::Timestamp;
@@ -76,6 +77,87 @@ pub struct ApplyStats {
 struct FileEntry {
     visibility: FileVisibility,
     regular: Option<Vec<RowGroupInfo>>,
+    /// A rewritten file holds only the rows visible at its rewrite's safe timestamp: older
+    /// snapshots read the file it replaced.
+    min_snapshot: Timestamp,
+    /// The file storage GC rewrote into this one.
+    replaces: Option<FileId>,
+    /// Which of that file's rows this one holds, while that file is still around: a long
+    /// query's visibility checkpoint knows that file, not this one.
+    replaced_kept: Option<Arc<KeptRows>>,
+    /// Set once storage GC replaced this file; it stays, frozen, for the queries that may
+    /// still read it, and leaves with its object.
+    superseded: Option<Superseded>,
+    /// A rewrite of this file is on its way: its deletes are not folded, so the rewrite can
+    /// carry every one newer than its safe timestamp across.
+    rewriting: bool,
+}
+
+impl FileEntry {
+    fn new(visibility: FileVisibility, regular: Option<Vec<RowGroupInfo>>) -> Self {
+        FileEntry {
+            visibility,
+            regular,
+            min_snapshot: Timestamp::GENESIS,
+            replaces: None,
+            replaced_kept: None,
+            superseded: None,
+            rewriting: false,
+        }
+    }
+
+    /// A regular file later scans read (not one storage GC replaced).
+    fn current_regular(&self) -> Option<&Vec<RowGroupInfo>> {
+        self.regular.as_ref().filter(|_| self.superseded.is_none())
+    }
+}
+
+/// How storage GC replaced a file.
+#[derive(Copy, Clone, Debug)]
+struct Superseded {
+    /// The rewritten file (`None`: every row was dead).
+    by: Option<FileId>,
+    /// Snapshots from here on read the replacement.
+    from: Timestamp,
+}
+
+/// Rewrites a shard starts per memory GC at most, so background work stays bounded.
+pub const MAX_REWRITES_PER_GC: usize = 4;
+
+/// Storage GC's work on one regular file: write the rows live at `safe_ts` (keeping their
+/// `_create_ts`) to `target`, as file `target_file`.
+#[derive(Clone, Debug)]
+pub struct RewriteJob {
+    pub file: FileId,
+    pub source: Path,
+    pub target_file: FileId,
+    pub target: Path,
+    pub safe_ts: Timestamp,
+    /// Rows of the file.
+    pub rows: u64,
+    /// Its deleted rows at `safe_ts` (bit i = row i): the rows the rewrite drops.
+    pub deleted: Vec<u64>,
+}
+
+impl RewriteJob {
+    /// Rows the rewritten file holds.
+    pub fn kept_rows(&self) -> u64 {
+        self.rows
+            - self
+                .deleted
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum::<u64>()
+    }
+}
+
+/// What a finished rewrite changed, for the catalog: later scan plans list `by` (when some
+/// row survived) instead of `file` for snapshots from `from` on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replacement {
+    pub file: FileId,
+    pub by: Option<FileId>,
+    pub from: Timestamp,
 }
 
 /// Objects that left the catalog when the applied timestamp was `replaced_at`: no query that
@@ -86,6 +168,8 @@ struct Retired {
     /// until a later checkpoint is complete.
     after_checkpoint: u64,
     paths: Vec<Path>,
+    /// A file storage GC replaced: its frozen visibility leaves with its object.
+    file: Option<FileId>,
 }
 
 struct TableState {
@@ -423,21 +507,15 @@ impl Shard {
             self.next_file_seq += 1;
             let table = &mut self.tables[t];
             let new = table.buffer.start_file(id);
-            table.row_ids.map(
-                new.first_row,
-                Extent {
-                    file: id,
-                    offset: 0,
-                    rows: new.capacity,
-                },
-            );
+            table
+                .row_ids
+                .map(new.first_row, Extent::dense(id, 0, new.capacity));
             table.files.insert(
                 id,
-                FileEntry {
-                    visibility: FileVisibility::new(self.config.tile_rows)
-                        .expect("tile rows were validated"),
-                    regular: None,
-                },
+                FileEntry::new(
+                    FileVisibility::new(self.config.tile_rows).expect("tile rows were validated"),
+                    None,
+                ),
             );
         }
         let table = &mut self.tables[t];
@@ -488,39 +566,53 @@ impl Shard {
         snapshot: Timestamp,
         known: &[FileId],
     ) -> Result<TableSnapshot> {
-        if snapshot > self.applied_through {
-            return Err(StorageError::SnapshotInFuture {
-                requested: snapshot,
-                applied_through: self.applied_through,
-            });
-        }
+        self.snapshot_with(table, snapshot, known, None)
+    }
+
+    /// [`Self::snapshot_except`] for a query whose visibility was checkpointed to `image`:
+    /// where memory GC folded past the snapshot, its bitmaps come from the image.
+    pub fn snapshot_with(
+        &self,
+        table: TableId,
+        snapshot: Timestamp,
+        known: &[FileId],
+        image: Option<&VisibilityImage>,
+    ) -> Result<TableSnapshot> {
+        self.check_snapshot(snapshot, image)?;
         let t = self.table(table)?;
         let mut parts = Vec::new();
         for (&id, entry) in &t.files {
-            if known.contains(&id) {
+            let Some(groups) = &entry.regular else {
+                continue;
+            };
+            if !Self::serves(t, id, snapshot, known) {
                 continue;
             }
-            if let Some(groups) = &entry.regular {
-                let rows = groups.iter().map(|g| g.rows).sum();
-                let mut deleted = Vec::new();
-                entry
-                    .visibility
-                    .bitmap_range(0, rows, snapshot, &mut deleted)?;
-                parts.push(SnapshotPart {
-                    file: id,
-                    offset: 0,
-                    rows,
-                    data: BlockData::Object(file_path(t.schema.name(), id)),
-                    deleted,
-                });
-            }
+            let rows = groups.iter().map(|g| g.rows).sum();
+            let mut deleted = Vec::new();
+            Self::file_bitmap(t, id, 0, rows, snapshot, image, &mut deleted)?;
+            parts.push(SnapshotPart {
+                file: id,
+                offset: 0,
+                rows,
+                data: BlockData::Object(file_path(t.schema.name(), id)),
+                deleted,
+            });
         }
         for block in t.buffer.blocks() {
-            let vis = &t.files[&block.id.file].visibility;
+            let id = block.id.file;
             let mut deleted = Vec::new();
-            vis.bitmap_range(block.offset, block.rows, snapshot, &mut deleted)?;
+            Self::file_bitmap(
+                t,
+                id,
+                block.offset,
+                block.rows,
+                snapshot,
+                image,
+                &mut deleted,
+            )?;
             parts.push(SnapshotPart {
-                file: block.id.file,
+                file: id,
                 offset: block.offset,
                 rows: block.rows,
                 data: block.data,
@@ -534,6 +626,124 @@ impl Shard {
         })
     }
 
+    fn check_snapshot(&self, snapshot: Timestamp, image: Option<&VisibilityImage>) -> Result<()> {
+        if snapshot > self.applied_through {
+            return Err(StorageError::SnapshotInFuture {
+                requested: snapshot,
+                applied_through: self.applied_through,
+            });
+        }
+        if let Some(image) = image {
+            assert_eq!(
+                image.snapshot, snapshot,
+                "an image answers its own snapshot"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether a query at `snapshot` that reads the regular files in `known` from its plan
+    /// must also read regular file `id`: never two generations of one file's rows, and never
+    /// a rewritten file older snapshots cannot read.
+    fn serves(t: &TableState, id: FileId, snapshot: Timestamp, known: &[FileId]) -> bool {
+        let entry = &t.files[&id];
+        if known.contains(&id) || snapshot < entry.min_snapshot {
+            return false;
+        }
+        // Files it replaced, and files that replaced it, that the query reads already.
+        let mut older = entry.replaces;
+        while let Some(f) = older {
+            if known.contains(&f) {
+                return false;
+            }
+            older = t.files.get(&f).and_then(|e| e.replaces);
+        }
+        let mut newer = entry.superseded;
+        while let Some(s) = newer {
+            if snapshot >= s.from {
+                return false;
+            }
+            let Some(by) = s.by else { break };
+            if known.contains(&by) {
+                return false;
+            }
+            newer = t.files.get(&by).and_then(|e| e.superseded);
+        }
+        true
+    }
+
+    /// Rows `start .. start + len` of file `id` deleted at `snapshot`: from the file's
+    /// visibility, or from `image` where memory GC folded past the snapshot. A rewritten file
+    /// older snapshots cannot read at all.
+    fn file_bitmap(
+        t: &TableState,
+        id: FileId,
+        start: u64,
+        len: u64,
+        snapshot: Timestamp,
+        image: Option<&VisibilityImage>,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
+        let entry = &t.files[&id];
+        if snapshot < entry.min_snapshot {
+            return Err(StorageError::SnapshotTooOld {
+                requested: snapshot,
+                oldest: entry.min_snapshot,
+            });
+        }
+        match entry.visibility.bitmap_range(start, len, snapshot, out) {
+            Err(StorageError::SnapshotTooOld { .. }) if image.is_some() => {
+                let image = image.expect("matched");
+                let whole = Self::image_bitmap(t, id, image);
+                out.clear();
+                out.resize(len.div_ceil(64) as usize, 0);
+                let first = (start / 64) as usize;
+                let upto = (start + len).div_ceil(64).min(whole.len() as u64) as usize;
+                if upto > first {
+                    out[..upto - first].copy_from_slice(&whole[first..upto]);
+                }
+                if len % 64 != 0
+                    && let Some(last) = out.last_mut()
+                {
+                    *last &= (1u64 << (len % 64)) - 1;
+                }
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// File `id`'s deleted rows at the image's snapshot (its rows as far as the image can
+    /// tell). A file the image does not know was started after it, so none of its rows is
+    /// visible there (the `_create_ts` check hides them), unless storage GC wrote it from one
+    /// the image knows: then it is that file's bitmap, over the rows it kept.
+    fn image_bitmap(t: &TableState, id: FileId, image: &VisibilityImage) -> Vec<u64> {
+        if let Some((_, words)) = image.files.get(&id) {
+            return words.clone();
+        }
+        let entry = &t.files[&id];
+        let rows = entry.visibility.rows();
+        let mut out = vec![0u64; rows.div_ceil(64) as usize];
+        if let (Some(from), Some(kept)) = (entry.replaces, &entry.replaced_kept)
+            && t.files.contains_key(&from)
+        {
+            let source = Self::image_bitmap(t, from, image);
+            let mut j = 0usize;
+            for (w, &word) in kept.bits().iter().enumerate() {
+                let mut rest = word;
+                while rest != 0 {
+                    let b = rest.trailing_zeros() as usize;
+                    rest &= rest - 1;
+                    if source.get(w).is_some_and(|s| s >> b & 1 != 0) {
+                        out[j / 64] |= 1 << (j % 64);
+                    }
+                    j += 1;
+                }
+            }
+        }
+        out
+    }
+
     /// The deleted-rows bitmaps of a regular file's row groups at `snapshot`, in the order
     /// asked.
     pub fn row_group_bitmaps(
@@ -542,16 +752,22 @@ impl Shard {
         snapshot: Timestamp,
         row_groups: &[u32],
     ) -> Result<Vec<RowGroupBitmap>> {
-        if snapshot > self.applied_through {
-            return Err(StorageError::SnapshotInFuture {
-                requested: snapshot,
-                applied_through: self.applied_through,
-            });
-        }
-        let entry = self
+        self.row_group_bitmaps_with(file, snapshot, row_groups, None)
+    }
+
+    /// [`Self::row_group_bitmaps`] for a query whose visibility was checkpointed to `image`.
+    pub fn row_group_bitmaps_with(
+        &self,
+        file: FileId,
+        snapshot: Timestamp,
+        row_groups: &[u32],
+        image: Option<&VisibilityImage>,
+    ) -> Result<Vec<RowGroupBitmap>> {
+        self.check_snapshot(snapshot, image)?;
+        let (t, entry) = self
             .tables
             .iter()
-            .find_map(|t| t.files.get(&file))
+            .find_map(|t| t.files.get(&file).map(|e| (t, e)))
             .ok_or(StorageError::UnknownFile(file.0))?;
         let groups = entry
             .regular
@@ -568,9 +784,7 @@ impl Shard {
                         rows: groups.len() as u64,
                     })?;
                 let mut deleted = Vec::new();
-                entry
-                    .visibility
-                    .bitmap_range(g.offset, g.rows, snapshot, &mut deleted)?;
+                Self::file_bitmap(t, file, g.offset, g.rows, snapshot, image, &mut deleted)?;
                 Ok(RowGroupBitmap {
                     row_group: i,
                     rows: g.rows,
@@ -578,6 +792,29 @@ impl Shard {
                 })
             })
             .collect()
+    }
+
+    /// A long query's visibility checkpoint: every file's deleted rows at `snapshot`, about one
+    /// bit per row, so memory GC may fold past the snapshot while the query still reads.
+    pub fn visibility_image(&self, snapshot: Timestamp) -> Result<VisibilityImage> {
+        self.check_snapshot(snapshot, None)?;
+        let mut files = std::collections::BTreeMap::new();
+        for t in &self.tables {
+            for (&id, f) in &t.files {
+                if snapshot < f.min_snapshot {
+                    continue;
+                }
+                let rows = f.visibility.rows();
+                let mut deleted = Vec::new();
+                f.visibility.bitmap_range(0, rows, snapshot, &mut deleted)?;
+                files.insert(id, (rows, deleted));
+            }
+        }
+        Ok(VisibilityImage {
+            shard: self.id,
+            snapshot,
+            files,
+        })
     }
 
     /// Every immutable block waiting to be flushed, marked as flushing.
@@ -633,6 +870,7 @@ impl Shard {
             replaced_at: applied,
             after_checkpoint: self.last_checkpoint,
             paths: job.blocks,
+            file: None,
         });
     }
 
@@ -646,9 +884,16 @@ impl Shard {
     pub fn take_deletable(&mut self, lwm: Timestamp, checkpointed: u64) -> Vec<Path> {
         let mut out = Vec::new();
         for t in &mut self.tables {
+            let files = &mut t.files;
             t.retired.retain_mut(|r| {
                 if r.replaced_at < lwm && r.after_checkpoint < checkpointed {
                     out.append(&mut r.paths);
+                    if let Some(f) = r.file {
+                        files.remove(&f);
+                        for e in files.values_mut().filter(|e| e.replaces == Some(f)) {
+                            e.replaced_kept = None;
+                        }
+                    }
                     false
                 } else {
                     true
@@ -666,6 +911,7 @@ impl Shard {
                 replaced_at: Timestamp::GENESIS,
                 after_checkpoint: 0,
                 paths,
+                file: None,
             });
         }
     }
@@ -709,12 +955,202 @@ impl Shard {
         );
         let mut dropped = 0;
         for t in &mut self.tables {
-            for f in t.files.values_mut() {
+            for f in t.files.values_mut().filter(|f| !f.rewriting) {
                 f.visibility.fold(safe_ts);
             }
             dropped += t.index.purge(safe_ts);
         }
         dropped
+    }
+
+    /// Storage GC, after a memory GC at `safe_ts`: regular files with more than
+    /// `dead_fraction` of their rows deleted at `safe_ts`, marked as rewriting (at most
+    /// [`MAX_REWRITES_PER_GC`]). Each job writes the rows live at `safe_ts` to a new file; deletes
+    /// that arrive meanwhile reach the old file and [`Self::rewrite_done`] carries them over.
+    pub fn take_rewrite_jobs(
+        &mut self,
+        safe_ts: Timestamp,
+        dead_fraction: f64,
+    ) -> Result<Vec<(TableId, RewriteJob)>> {
+        let mut jobs = Vec::new();
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            for (&id, f) in table.files.iter_mut() {
+                if jobs.len() >= MAX_REWRITES_PER_GC {
+                    return Ok(jobs);
+                }
+                if f.rewriting || f.superseded.is_some() || f.regular.is_none() {
+                    continue;
+                }
+                let rows = f.visibility.rows();
+                if rows == 0 {
+                    continue;
+                }
+                let mut deleted = Vec::new();
+                if f.visibility
+                    .bitmap_range(0, rows, safe_ts, &mut deleted)
+                    .is_err()
+                {
+                    // Folded past `safe_ts` already: the next GC looks again.
+                    continue;
+                }
+                let dead: u64 = deleted.iter().map(|w| u64::from(w.count_ones())).sum();
+                if (dead as f64) <= dead_fraction * rows as f64 {
+                    continue;
+                }
+                let target_file = FileId::new(self.id, self.next_file_seq);
+                self.next_file_seq += 1;
+                f.rewriting = true;
+                jobs.push((
+                    t as TableId,
+                    RewriteJob {
+                        file: id,
+                        source: file_path(table.schema.name(), id),
+                        target_file,
+                        target: file_path(table.schema.name(), target_file),
+                        safe_ts,
+                        rows,
+                        deleted,
+                    },
+                ));
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// The rewritten file is durable with `groups`: the row-id map and later snapshots switch
+    /// to it at once, with every delete the old file took after the job's safe timestamp;
+    /// the old file stays, frozen, for queries that may still read it, and retires like
+    /// combined blocks. Returns the change for the catalog.
+    pub fn rewrite_done(
+        &mut self,
+        table: TableId,
+        job: &RewriteJob,
+        groups: Vec<RowGroupInfo>,
+    ) -> Result<Replacement> {
+        let applied = self.applied_through;
+        let tile_rows = self.config.tile_rows;
+        let t = &mut self.tables[table as usize];
+        let kept = KeptRows::complement(job.rows, &job.deleted)?;
+        let kept_rows = kept.kept();
+        assert_eq!(
+            groups.iter().map(|g| g.rows).sum::<u64>(),
+            kept_rows,
+            "a rewritten file holds the rows live at its safe timestamp"
+        );
+        let old = t
+            .files
+            .get_mut(&job.file)
+            .expect("a file being rewritten stays tracked");
+        assert!(old.rewriting, "file {} is being rewritten", job.file);
+        // Deletes after the safe timestamp, at their new offsets, in timestamp order (each
+        // tile's deletes must be.
+        let mut moved: Vec<(Timestamp, u64)> = old
+            .visibility
+            .pending()
+            .map(|(offset, ts)| {
+                assert!(
+                    ts > job.safe_ts,
+                    "deletes at or below the safe timestamp were folded"
+                );
+                let to = kept
+                    .rank(offset)
+                    .expect("a row deleted after the safe timestamp was live there");
+                (ts, to)
+            })
+            .collect();
+        moved.sort_by_key(|&(ts, _)| ts);
+        old.rewriting = false;
+        old.superseded = Some(Superseded {
+            by: (kept_rows > 0).then_some(job.target_file),
+            from: job.safe_ts,
+        });
+        if kept_rows > 0 {
+            let zeros = vec![0u64; kept_rows.div_ceil(64) as usize];
+            let mut visibility =
+                FileVisibility::from_bitmap(tile_rows, kept_rows, &zeros, job.safe_ts)?;
+            for (ts, offset) in moved {
+                visibility.delete(offset, ts)?;
+            }
+            t.files.insert(
+                job.target_file,
+                FileEntry {
+                    visibility,
+                    regular: Some(groups),
+                    min_snapshot: job.safe_ts,
+                    replaces: Some(job.file),
+                    replaced_kept: Some(Arc::new(kept.clone())),
+                    superseded: None,
+                    rewriting: false,
+                },
+            );
+        } else {
+            assert!(moved.is_empty(), "no row was live to delete");
+        }
+        let (first, extent) = t
+            .row_ids
+            .extent_of(job.file)
+            .map(|(r, e)| (r, e.clone()))
+            .expect("a file's rows are mapped");
+        assert_eq!(extent.offset, 0, "a file's row ids start at its first row");
+        let kept = match &extent.kept {
+            None => {
+                assert_eq!(extent.rows, job.rows, "a file's row ids cover its rows");
+                kept
+            }
+            Some(before) => before.then(&kept)?,
+        };
+        t.row_ids.map(
+            first,
+            Extent {
+                file: job.target_file,
+                offset: 0,
+                rows: extent.rows,
+                kept: Some(Arc::new(kept)),
+            },
+        );
+        t.retired.push(Retired {
+            replaced_at: applied,
+            after_checkpoint: self.last_checkpoint,
+            paths: vec![job.source.clone()],
+            file: Some(job.file),
+        });
+        Ok(Replacement {
+            file: job.file,
+            by: (kept_rows > 0).then_some(job.target_file),
+            from: job.safe_ts,
+        })
+    }
+
+    /// The rewrite could not be written: the file stays as it was, and a later GC may try
+    /// again.
+    pub fn rewrite_failed(&mut self, table: TableId, file: FileId) {
+        if let Some(f) = self.tables[table as usize].files.get_mut(&file) {
+            f.rewriting = false;
+        }
+    }
+
+    /// Memory GC at `safe_ts` and storage GC of files more than `dead_fraction` dead, inline
+    /// (the node runs the rewrites on its I/O thread). Returns the replacements.
+    pub async fn gc_and_rewrite(
+        &mut self,
+        store: &dyn ObjectStore,
+        safe_ts: Timestamp,
+        dead_fraction: f64,
+    ) -> Result<Vec<Replacement>> {
+        self.gc(safe_ts);
+        let mut out = Vec::new();
+        let mut first_error = None;
+        for (t, job) in self.take_rewrite_jobs(safe_ts, dead_fraction)? {
+            let schema = self.tables[t as usize].schema.clone();
+            match file::rewrite_file(store, &schema, &self.config, &job).await {
+                Ok(written) => out.push(self.rewrite_done(t, &job, written.groups)?),
+                Err(e) => {
+                    self.rewrite_failed(t, job.file);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(out), Err)
     }
 
     /// The shard as of its applied timestamp, for checkpoint `id` (ids grow): what
@@ -727,7 +1163,7 @@ impl Shard {
         let mut tables = Vec::with_capacity(self.tables.len());
         for t in &self.tables {
             let mut files = Vec::with_capacity(t.files.len());
-            for (&fid, f) in &t.files {
+            for (&fid, f) in t.files.iter().filter(|(_, f)| f.superseded.is_none()) {
                 let mut deleted = Vec::new();
                 f.visibility
                     .bitmap_range(0, f.visibility.rows(), at, &mut deleted)?;
@@ -745,7 +1181,7 @@ impl Shard {
                     .iter_latest()
                     .filter_map(|(k, r)| r.map(|r| (k.to_vec(), r)))
                     .collect(),
-                extents: t.row_ids.iter().collect(),
+                extents: t.row_ids.iter().map(|(r, x)| (r, x.clone())).collect(),
                 files,
                 buffer: t.buffer.image(),
             });
@@ -803,13 +1239,7 @@ impl Shard {
             for f in t.files {
                 let visibility =
                     FileVisibility::from_bitmap(shard.config.tile_rows, f.rows, &f.deleted, at)?;
-                files.insert(
-                    f.id,
-                    FileEntry {
-                        visibility,
-                        regular: f.regular,
-                    },
-                );
+                files.insert(f.id, FileEntry::new(visibility, f.regular));
             }
             let buffer = WriteBuffer::from_image(schema.clone(), &shard.config, t.buffer)?;
             for vf in buffer.files() {
@@ -841,7 +1271,7 @@ impl Shard {
         let mut out = Vec::new();
         for t in &self.tables {
             for (&id, f) in &t.files {
-                if f.regular.is_some() {
+                if f.current_regular().is_some() {
                     out.push(file_path(t.schema.name(), id));
                 }
             }
@@ -856,7 +1286,7 @@ impl Shard {
             .table(table)?
             .files
             .iter()
-            .filter_map(|(&id, f)| f.regular.clone().map(|g| (id, g)))
+            .filter_map(|(&id, f)| f.current_regular().map(|g| (id, g.clone())))
             .collect())
     }
 
@@ -877,12 +1307,15 @@ impl Shard {
     /// Rows stored for `table` (live or deleted) and rows deleted in the newest state.
     pub fn row_counts(&self, table: TableId) -> Result<(u64, u64)> {
         let t = self.table(table)?;
-        Ok(t.files.values().fold((0, 0), |(rows, deleted), f| {
-            (
-                rows + f.visibility.rows(),
-                deleted + f.visibility.deleted_rows(),
-            )
-        }))
+        Ok(t.files.values().filter(|f| f.superseded.is_none()).fold(
+            (0, 0),
+            |(rows, deleted), f| {
+                (
+                    rows + f.visibility.rows(),
+                    deleted + f.visibility.deleted_rows(),
+                )
+            },
+        ))
     }
 
     /// Index versions of `table` (live, older and tombstones) not yet purged.

@@ -251,6 +251,16 @@ impl TileVisibility {
         p.entries = rest.len();
     }
 
+    /// The deletes not yet folded, oldest first: (row offset, delete timestamp).
+    pub fn pending(&self) -> impl Iterator<Item = (u32, Timestamp)> + '_ {
+        self.pending.iter().flat_map(|p| {
+            p.chain.iter().flat_map(|b| b.0).take(p.entries).map(|e| {
+                let ts = Timestamp::new(entry_ts(e)).expect("an entry holds a valid timestamp");
+                ((e >> TS_BITS) as u32, ts)
+            })
+        })
+    }
+
     /// Bytes of heap and struct this tile holds.
     pub fn memory_bytes(&self) -> usize {
         let words = self.words() * 8;
@@ -416,6 +426,11 @@ mod tests {
         }
         t.fold(ts(11));
         assert_eq!(t.pending_entries(), 10);
+        let pending: Vec<(u32, u64)> = t.pending().map(|(o, at)| (o, at.get())).collect();
+        assert_eq!(
+            pending,
+            (10..20).map(|i| (i, u64::from(i) + 2)).collect::<Vec<_>>()
+        );
         assert!(matches!(
             t.bitmap_at(ts(10), &mut [0]),
             Err(StorageError::SnapshotTooOld { .. })

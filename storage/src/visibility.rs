@@ -141,6 +141,16 @@ impl FileVisibility {
         Ok(())
     }
 
+    /// Every delete not yet folded, as (row offset, delete timestamp), tile by tile (each
+    /// tile's in timestamp order).
+    pub fn pending(&self) -> impl Iterator<Item = (u64, Timestamp)> + '_ {
+        let tile_rows = u64::from(self.tile_rows);
+        self.tiles.iter().enumerate().flat_map(move |(i, t)| {
+            t.pending()
+                .map(move |(o, ts)| (i as u64 * tile_rows + u64::from(o), ts))
+        })
+    }
+
     /// Folds every tile; see [`TileVisibility::fold`].
     pub fn fold(&mut self, safe_ts: Timestamp) {
         for tile in &mut self.tiles {

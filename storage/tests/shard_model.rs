@@ -1,6 +1,8 @@
 //! The shard state machine against a naive in-memory table: random transactions (some of them
-//! invalid), flushes, combinations and GC; at every check, the rows visible at any snapshot at
-//! or below the last applied one are exactly the model's, `_create_ts` included.
+//! invalid), flushes, combinations, memory GC, storage GC (with transactions running while a
+//! rewrite is on its way) and long queries pinned by a visibility checkpoint; at every check,
+//! the rows visible at any snapshot at or below the last applied one are exactly the model's,
+//! `_create_ts` included, and a pinned query still reads its snapshot after GC passed it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,8 +13,8 @@ use proptest::prelude::*;
 use retina_storage::file::local_store;
 use retina_storage::value::batch_rows;
 use retina_storage::{
-    ColumnDef, ColumnType, RowOp, Shard, StorageConfig, StorageError, TableOp, TableSchema,
-    Timestamp, Value,
+    ColumnDef, ColumnType, RewriteJob, RowOp, Shard, StorageConfig, StorageError, TableOp,
+    TableSchema, Timestamp, Value, VisibilityImage,
 };
 
 fn schemas() -> [Arc<TableSchema>; 2] {
@@ -85,6 +87,21 @@ enum Step {
     },
     /// Checkpoint, encode, decode and go on with the restored shard (a restart).
     Restart,
+    /// Memory GC, then storage GC of files more than `dead` dead, left on its way: later
+    /// transactions delete rows of the files being rewritten.
+    RewriteBegin {
+        lag: u64,
+        dead: f64,
+    },
+    /// The rewrites on their way are written and switched to.
+    RewriteEnd,
+    /// A long query: a visibility checkpoint at a snapshot, after which GC may pass it.
+    Pin {
+        lag: u64,
+    },
+    ReadPinned {
+        table: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -98,10 +115,15 @@ fn step() -> impl Strategy<Value = Step> {
     ];
     prop_oneof![
         12 => proptest::collection::vec(op, 1..6).prop_map(Step::Txn),
-        1 => Just(Step::Flush),
+        2 => Just(Step::Flush),
         1 => (0u64..8).prop_map(|lag| Step::Gc { lag }),
         3 => (0u32..2, 0u64..12).prop_map(|(table, lag)| Step::Read { table, lag }),
         1 => Just(Step::Restart),
+        2 => (0u64..6, prop_oneof![Just(0.0), Just(0.2), Just(0.5)])
+            .prop_map(|(lag, dead)| Step::RewriteBegin { lag, dead }),
+        2 => Just(Step::RewriteEnd),
+        1 => (0u64..6).prop_map(|lag| Step::Pin { lag }),
+        2 => (0u32..2).prop_map(|table| Step::ReadPinned { table }),
     ]
 }
 
@@ -246,8 +268,9 @@ fn read_sorted(
     store: &dyn ObjectStore,
     table: u32,
     at: Timestamp,
+    image: Option<&VisibilityImage>,
 ) -> Result<Vec<Vec<Value>>, StorageError> {
-    let snap = shard.snapshot(table, at)?;
+    let snap = shard.snapshot_with(table, at, &[], image)?;
     let schema = shard.schema(table).unwrap().clone();
     let mut projection: Vec<usize> = (0..schema.columns().len()).collect();
     projection.push(schema.create_ts_index());
@@ -271,7 +294,7 @@ fn expected(model: &Model, table: u32, at: u64) -> Vec<Vec<Value>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(40))]
+    #![proptest_config(ProptestConfig::with_cases(120))]
 
     #[test]
     fn shard_matches_a_naive_table(
@@ -294,6 +317,8 @@ proptest! {
         let mut next = 2u64;
         let mut gc_to = 1u64;
         let mut checkpoints = 0u64;
+        let mut rewriting: Vec<(u32, RewriteJob)> = Vec::new();
+        let mut pinned: Option<VisibilityImage> = None;
         for step in steps {
             match step {
                 Step::Txn(ops) => {
@@ -319,17 +344,51 @@ proptest! {
                     let bytes = shard.checkpoint(checkpoints).unwrap().encode().unwrap();
                     let image = retina_storage::ShardImage::decode(&bytes).unwrap();
                     shard = Shard::from_image(config.clone(), &schemas(), image, checkpoints).unwrap();
-                    // A restored shard knows no past before its checkpoint.
+                    // A restored shard knows no past before its checkpoint; rewrites on their
+                    // way and queries died with the process.
                     gc_to = next - 1;
+                    rewriting.clear();
+                    pinned = None;
                 }
                 Step::Gc { lag } => {
                     let at = (next - 1).saturating_sub(lag).max(gc_to);
                     shard.gc(Timestamp::new(at).unwrap());
                     gc_to = at;
                 }
+                Step::RewriteBegin { lag, dead } => {
+                    let at = (next - 1).saturating_sub(lag).max(gc_to);
+                    let at_ts = Timestamp::new(at).unwrap();
+                    shard.gc(at_ts);
+                    gc_to = at;
+                    rewriting.extend(shard.take_rewrite_jobs(at_ts, dead).unwrap());
+                }
+                Step::RewriteEnd => {
+                    for (t, job) in rewriting.drain(..) {
+                        let schema = shard.schema(t).unwrap().clone();
+                        let written = block_on(retina_storage::file::rewrite_file(
+                            store.as_ref(), &schema, &config, &job,
+                        ))
+                        .unwrap();
+                        let r = shard.rewrite_done(t, &job, written.groups).unwrap();
+                        prop_assert_eq!(r.file, job.file);
+                    }
+                }
+                Step::Pin { lag } => {
+                    let at = (next - 1).saturating_sub(lag).max(gc_to);
+                    let image = shard.visibility_image(Timestamp::new(at).unwrap()).unwrap();
+                    pinned = Some(VisibilityImage::decode(&image.encode()).unwrap());
+                }
+                Step::ReadPinned { table } => {
+                    if let Some(image) = &pinned {
+                        let at = image.snapshot;
+                        let rows = read_sorted(&shard, store.as_ref(), table, at, Some(image));
+                        prop_assert!(rows.is_ok(), "pinned read at {}: {:?}", at, rows.err());
+                        prop_assert_eq!(rows.unwrap(), expected(&model, table, at.get()), "pinned table {} at {}", table, at);
+                    }
+                }
                 Step::Read { table, lag } => {
                     let at = (next - 1).saturating_sub(lag).max(1);
-                    match read_sorted(&shard, store.as_ref(), table, Timestamp::new(at).unwrap()) {
+                    match read_sorted(&shard, store.as_ref(), table, Timestamp::new(at).unwrap(), None) {
                         Ok(rows) => prop_assert_eq!(rows, expected(&model, table, at), "table {} at {}", table, at),
                         Err(StorageError::SnapshotTooOld { .. }) => prop_assert!(at < gc_to),
                         Err(e) => prop_assert!(false, "read at {}: {}", at, e),
@@ -342,8 +401,21 @@ proptest! {
         prop_assert_eq!(shard.applied_through().get(), last);
         for at in gc_to..=last {
             for table in 0..2 {
-                let rows = read_sorted(&shard, store.as_ref(), table, Timestamp::new(at).unwrap()).unwrap();
+                let rows = read_sorted(&shard, store.as_ref(), table, Timestamp::new(at).unwrap(), None).unwrap();
                 prop_assert_eq!(rows, expected(&model, table, at), "table {} at {}", table, at);
+            }
+        }
+        // Rewrites still on their way finish, and the newest state reads the same.
+        let pending = !rewriting.is_empty();
+        for (t, job) in rewriting.drain(..) {
+            let schema = shard.schema(t).unwrap().clone();
+            let written = block_on(retina_storage::file::rewrite_file(store.as_ref(), &schema, &config, &job)).unwrap();
+            shard.rewrite_done(t, &job, written.groups).unwrap();
+        }
+        if pending {
+            for table in 0..2 {
+                let rows = read_sorted(&shard, store.as_ref(), table, Timestamp::new(last).unwrap(), None).unwrap();
+                prop_assert_eq!(rows, expected(&model, table, last), "table {} after the last rewrites", table);
             }
         }
         let future = shard.snapshot(0, Timestamp::new(last + 1).unwrap());
