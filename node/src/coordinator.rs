@@ -47,6 +47,20 @@ pub type QueryId = u64;
 struct Query {
     snapshot: Timestamp,
     lease_until_ms: u64,
+    began_ms: u64,
+    vis: VisCheckpoint,
+}
+
+/// Where a long query's visibility checkpoint stands.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum VisCheckpoint {
+    None,
+    /// Asked of every shard; this many have written theirs.
+    Pending(u16),
+    /// Every shard has it: the query no longer holds LWM back.
+    Done,
+    /// A shard could not write it: the query holds LWM as any other.
+    Failed,
 }
 
 /// Where in the source a checkpoint was taken: every transaction before it has a timestamp at
@@ -109,6 +123,8 @@ pub struct CoordinatorState {
     next_query: QueryId,
     checkpoint: Option<CheckpointRecord>,
     pending_checkpoint: Option<PendingCheckpoint>,
+    /// Ended queries whose visibility checkpoints the shards may hold: to be dropped.
+    vis_to_drop: Vec<QueryId>,
     /// Queries begin once HWM passes this; `None` while the sink has not said how far the
     /// source reached before the restart.
     ready_at: Option<Timestamp>,
@@ -133,6 +149,7 @@ impl CoordinatorState {
             next_query: 1,
             checkpoint: persisted.checkpoint,
             pending_checkpoint: None,
+            vis_to_drop: Vec::new(),
             ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
             replay_stopped: false,
         }
@@ -142,14 +159,94 @@ impl CoordinatorState {
         self.hwm
     }
 
-    /// The oldest snapshot a running query reads, else the newest snapshot.
+    /// The oldest snapshot a running query reads from memory (not from a visibility
+    /// checkpoint), else the newest snapshot: memory GC folds no further.
     pub fn lwm(&self) -> Lwm {
+        let oldest = self
+            .queries
+            .values()
+            .filter(|q| q.vis != VisCheckpoint::Done)
+            .map(|q| q.snapshot)
+            .min();
+        Lwm::new(
+            oldest
+                .unwrap_or(self.hwm.snapshot())
+                .min(self.hwm.snapshot()),
+        )
+    }
+
+    /// The oldest snapshot any running query reads, else the newest snapshot: objects a query
+    /// may still read (retired blocks, files storage GC replaced) stay until this passes them.
+    pub fn retain_lwm(&self) -> Lwm {
         let oldest = self.queries.values().map(|q| q.snapshot).min();
         Lwm::new(
             oldest
                 .unwrap_or(self.hwm.snapshot())
                 .min(self.hwm.snapshot()),
         )
+    }
+
+    /// Queries running `after_ms` or longer without a visibility checkpoint: each is now
+    /// pending, and every shard should write one at its snapshot.
+    pub fn start_vis_checkpoints(
+        &mut self,
+        now_ms: u64,
+        after_ms: u64,
+    ) -> Vec<(QueryId, Timestamp)> {
+        let mut out = Vec::new();
+        for (&id, q) in self.queries.iter_mut() {
+            if q.vis == VisCheckpoint::None && now_ms.saturating_sub(q.began_ms) >= after_ms {
+                q.vis = VisCheckpoint::Pending(0);
+                out.push((id, q.snapshot));
+            }
+        }
+        out
+    }
+
+    /// A shard wrote query `id`'s visibility checkpoint (`ok`) or could not. True once every
+    /// shard has: LWM may pass the query. A query that ended meanwhile is queued to drop again
+    /// (the shard's copy may have come after the drop).
+    pub fn vis_checkpoint_done(&mut self, id: QueryId, ok: bool) -> bool {
+        let shards = self.applied.len() as u16;
+        let Some(q) = self.queries.get_mut(&id) else {
+            self.vis_to_drop.push(id);
+            return false;
+        };
+        match (q.vis, ok) {
+            (VisCheckpoint::Pending(_), false) => q.vis = VisCheckpoint::Failed,
+            (VisCheckpoint::Pending(n), true) if n + 1 == shards => {
+                q.vis = VisCheckpoint::Done;
+                return true;
+            }
+            (VisCheckpoint::Pending(n), true) => q.vis = VisCheckpoint::Pending(n + 1),
+            _ => {}
+        }
+        false
+    }
+
+    /// Queries whose visibility checkpoints the shards should delete now.
+    pub fn take_vis_to_drop(&mut self) -> Vec<QueryId> {
+        std::mem::take(&mut self.vis_to_drop)
+    }
+
+    /// Running queries that read from a visibility checkpoint.
+    pub fn vis_checkpointed(&self) -> usize {
+        self.queries
+            .values()
+            .filter(|q| q.vis == VisCheckpoint::Done)
+            .count()
+    }
+
+    fn forget(&mut self, id: QueryId) -> bool {
+        match self.queries.remove(&id) {
+            Some(q) => {
+                if q.vis != VisCheckpoint::None {
+                    self.vis_to_drop.push(id);
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Transactions of this run below HWM: each got one timestamp, handed out consecutively.
@@ -302,6 +399,8 @@ impl CoordinatorState {
             Query {
                 snapshot,
                 lease_until_ms: now_ms + lease_ms,
+                began_ms: now_ms,
+                vis: VisCheckpoint::None,
             },
         );
         (id, snapshot)
@@ -309,7 +408,7 @@ impl CoordinatorState {
 
     /// Ends a query; false if it was unknown (ended, or its lease expired).
     pub fn end_query(&mut self, id: QueryId) -> bool {
-        self.queries.remove(&id).is_some()
+        self.forget(id)
     }
 
     /// Extends a running query's lease and returns its snapshot; `None` if it was unknown.
@@ -327,8 +426,8 @@ impl CoordinatorState {
             .filter(|(_, q)| q.lease_until_ms <= now_ms)
             .map(|(id, _)| *id)
             .collect();
-        for id in &expired {
-            self.queries.remove(id);
+        for &id in &expired {
+            self.forget(id);
         }
         expired
     }
@@ -575,5 +674,50 @@ mod tests {
         .unwrap();
         let err = file.load().unwrap_err().to_string();
         assert!(err.contains("without checkpoint_ts"), "{err}");
+    }
+
+    #[test]
+    fn a_long_query_stops_holding_lwm_once_every_shard_checkpointed_it() {
+        let mut c = CoordinatorState::new(2, Persisted::default(), false);
+        c.allocate(100).unwrap();
+        c.applied(0, ts(10)).unwrap();
+        c.applied(1, ts(10)).unwrap();
+        let (long, s) = c.begin_query(0, 100_000);
+        c.applied(0, ts(50)).unwrap();
+        c.applied(1, ts(50)).unwrap();
+        let (short, _) = c.begin_query(4_000, 100_000);
+        assert!(
+            c.start_vis_checkpoints(4_000, 5_000).is_empty(),
+            "not long yet"
+        );
+        assert_eq!(c.start_vis_checkpoints(5_000, 5_000), vec![(long, s)]);
+        assert!(
+            c.start_vis_checkpoints(9_000, 5_000).is_empty(),
+            "asked once"
+        );
+        assert!(!c.vis_checkpoint_done(long, true));
+        assert_eq!(c.lwm().get(), s, "held until every shard has it");
+        assert!(c.vis_checkpoint_done(long, true));
+        assert_eq!(c.lwm().get(), ts(50), "the short query holds LWM now");
+        assert_eq!(c.retain_lwm().get(), s, "objects stay for the long query");
+        assert_eq!(c.vis_checkpointed(), 1);
+        assert!(c.end_query(short));
+        assert!(c.take_vis_to_drop().is_empty());
+        assert!(c.end_query(long));
+        assert_eq!(c.take_vis_to_drop(), vec![long]);
+        assert_eq!(c.retain_lwm().get(), ts(50));
+        // A late confirmation for an ended query drops the copy again.
+        assert!(!c.vis_checkpoint_done(long, true));
+        assert_eq!(c.take_vis_to_drop(), vec![long]);
+        // A shard that fails leaves the query holding LWM.
+        let (q, s2) = c.begin_query(10_000, 100_000);
+        c.applied(0, ts(60)).unwrap();
+        c.applied(1, ts(60)).unwrap();
+        assert_eq!(c.start_vis_checkpoints(20_000, 5_000), vec![(q, s2)]);
+        c.vis_checkpoint_done(q, true);
+        assert!(!c.vis_checkpoint_done(q, false));
+        assert_eq!(c.lwm().get(), s2);
+        assert_eq!(c.expire_queries(1_000_000), vec![q]);
+        assert_eq!(c.take_vis_to_drop(), vec![q]);
     }
 }

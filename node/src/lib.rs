@@ -13,3 +13,4 @@ pub mod router;
 pub mod rpc;
 pub mod settings;
 pub mod sink;
+pub mod vis_checkpoint;

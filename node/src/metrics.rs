@@ -94,7 +94,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 14] = [
+    let metrics: [(&str, &str, &str, String); 18] = [
         (
             "retina_hwm",
             "gauge",
@@ -106,6 +106,30 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "Low watermark: no running query reads below it.",
             load(&s.lwm),
+        ),
+        (
+            "retina_retain_lwm",
+            "gauge",
+            "No running query reads below it, long ones reading from visibility checkpoints included: retired objects wait for it.",
+            load(&s.retain_lwm),
+        ),
+        (
+            "retina_vis_checkpointed_queries",
+            "gauge",
+            "Long queries reading from a visibility checkpoint (they no longer hold LWM).",
+            load(&s.vis_checkpoints),
+        ),
+        (
+            "retina_gc_runs_total",
+            "counter",
+            "Memory GC runs, over all shards.",
+            load(&s.gc_runs),
+        ),
+        (
+            "retina_files_rewritten_total",
+            "counter",
+            "Regular files storage GC rewrote without their dead rows.",
+            load(&s.files_rewritten),
         ),
         (
             "retina_transactions_submitted_total",

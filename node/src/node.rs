@@ -25,8 +25,8 @@ use retina_protocol::{OpBatch, WireTableOp, WireTxn};
 use retina_storage::buffer::{CombineJob, FlushJob};
 use retina_storage::file::{self, RowGroupInfo, local_store};
 use retina_storage::{
-    BlockId, Hwm, RowOp, RowRef, Shard, TableId, TableOp, TableOpRef, TableSchema, TableSnapshot,
-    Timestamp, Value,
+    BlockId, Hwm, RewriteJob, RowOp, RowRef, Shard, StorageError, TableId, TableOp, TableOpRef,
+    TableSchema, TableSnapshot, Timestamp, Value,
 };
 use rkyv::util::AlignedVec;
 
@@ -37,6 +37,7 @@ use crate::coordinator::{
 };
 use crate::router::shard_of;
 use crate::settings::Settings;
+use crate::vis_checkpoint::VisCheckpoints;
 
 /// Messages to a shard's executor. Delivered in the order sent by each sender.
 pub enum ShardMsg {
@@ -65,6 +66,11 @@ pub enum ShardMsg {
     /// From the sink, after every batch through `ts`: write this shard's image of checkpoint
     /// `id` durably and report to the coordinator.
     Checkpoint { id: u64, ts: Timestamp },
+    /// From the coordinator: query `query` has run long; write its bitmaps at `snapshot` to a
+    /// file and report, after which memory GC may fold past the snapshot.
+    VisCheckpoint { query: QueryId, snapshot: Timestamp },
+    /// From the coordinator: query `query` ended; drop its visibility checkpoint, if any.
+    DropVisCheckpoint { query: QueryId },
     /// From the I/O thread: a block flush finished.
     Flushed {
         table: TableId,
@@ -75,6 +81,12 @@ pub enum ShardMsg {
     Combined {
         table: TableId,
         job: CombineJob,
+        result: Result<file::CombinedFile, String>,
+    },
+    /// From the I/O thread: a storage-GC rewrite finished.
+    Rewritten {
+        table: TableId,
+        job: RewriteJob,
         result: Result<file::CombinedFile, String>,
     },
     /// From the node: stop after the messages before this one.
@@ -126,6 +138,20 @@ pub enum CoordMsg {
     },
     /// From a shard: it combined a regular file of `table`; later scan plans list it.
     FileAdded { table: TableId, file: PlanFile },
+    /// From a shard: storage GC replaced regular file `old` of `table` with `new` (none when no
+    /// row survived); plans at snapshots from `from` on list the new one instead.
+    FileReplaced {
+        table: TableId,
+        old: retina_storage::FileId,
+        new: Option<PlanFile>,
+        from: Timestamp,
+    },
+    /// From a shard: its visibility checkpoint of `query` is written (`ok`) or not.
+    VisCheckpointDone {
+        query: QueryId,
+        shard: u16,
+        ok: bool,
+    },
     /// From the coordinator service: a query's scan plan of `table`. Renews the query's lease;
     /// the reply is `None` if the query had ended or its lease ran out.
     Plan {
@@ -161,6 +187,17 @@ pub struct PlanFile {
     /// The shard that owns the file's visibility.
     pub shard: u16,
     pub row_groups: Vec<RowGroupInfo>,
+    /// A file storage GC wrote serves snapshots from its rewrite's safe timestamp on.
+    pub min_snapshot: Timestamp,
+    /// Set once storage GC replaced the file: snapshots from here on read the replacement.
+    pub superseded_from: Option<Timestamp>,
+}
+
+impl PlanFile {
+    /// Whether a query at `snapshot` reads this file (and not its predecessor or successor).
+    pub fn serves(&self, snapshot: Timestamp) -> bool {
+        self.min_snapshot <= snapshot && self.superseded_from.is_none_or(|t| snapshot < t)
+    }
 }
 
 /// Messages to the object-store I/O thread.
@@ -179,6 +216,12 @@ enum IoRequest {
     },
     Delete {
         paths: Vec<object_store::path::Path>,
+    },
+    Rewrite {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: RewriteJob,
+        reply: flume::Sender<ShardMsg>,
     },
 }
 
@@ -203,6 +246,15 @@ pub struct ShardMemory {
 pub struct NodeStatus {
     pub hwm: AtomicU64,
     pub lwm: AtomicU64,
+    /// The oldest snapshot any running query reads, checkpointed long queries included:
+    /// objects stay until it passes them.
+    pub retain_lwm: AtomicU64,
+    /// Running queries that read from a visibility checkpoint.
+    pub vis_checkpoints: AtomicU64,
+    /// Memory GC runs, over all shards.
+    pub gc_runs: AtomicU64,
+    /// Regular files storage GC rewrote (or dropped, every row dead).
+    pub files_rewritten: AtomicU64,
     /// Source transactions handed to the shards.
     pub txns_submitted: AtomicU64,
     /// Source transactions visible (below HWM) since this node started.
@@ -228,6 +280,7 @@ impl NodeStatus {
         NodeStatus {
             hwm: AtomicU64::new(Hwm::INITIAL.get().get()),
             lwm: AtomicU64::new(Timestamp::GENESIS.get()),
+            retain_lwm: AtomicU64::new(Timestamp::GENESIS.get()),
             shard_memory: (0..shards).map(|_| ShardMemory::default()).collect(),
             ..Default::default()
         }
@@ -341,6 +394,7 @@ impl Node {
             Ordering::Release,
         );
         status.lwm.store(resume_ts.get(), Ordering::Release);
+        status.retain_lwm.store(resume_ts.get(), Ordering::Release);
         if let Some(c) = persisted.checkpoint {
             status.checkpoint_id.store(c.id, Ordering::Release);
             status.checkpoint_ts.store(c.ts.get(), Ordering::Release);
@@ -375,6 +429,8 @@ impl Node {
                             bytes,
                             shard: shard.id(),
                             row_groups,
+                            min_snapshot: Timestamp::GENESIS,
+                            superseded_from: None,
                         },
                     );
                 }
@@ -462,6 +518,12 @@ impl Node {
             scan_listeners.resize(shards.into(), None);
         }
 
+        // Every shard's queue, created first: the coordinator sends to shards too.
+        let (shard_txs, mut shard_rxs): (Vec<_>, Vec<_>) = (0..shards)
+            .map(|_| flume::bounded::<ShardMsg>(settings.shard_queue_batches))
+            .unzip();
+        let mut shard_rxs = shard_rxs.drain(..);
+
         // Coordinator.
         {
             let status = status.clone();
@@ -475,6 +537,8 @@ impl Node {
             let token = options.auth_token.clone();
             let endpoints = scan_addrs.clone();
             let store_url = store_url.clone();
+            let to_shards = shard_txs.clone();
+            let long_query_ms = settings.long_query_ms;
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
@@ -507,6 +571,8 @@ impl Node {
                                 files: plan_files,
                                 status,
                                 lease_ms: lease,
+                                shards: to_shards,
+                                long_query_ms,
                             },
                             coord_rx,
                             tx,
@@ -520,10 +586,9 @@ impl Node {
         let coordinator = executors.pop();
 
         // Shards.
-        let mut shard_txs = Vec::new();
         for id in 0..shards {
-            let (tx, rx) = flume::bounded::<ShardMsg>(settings.shard_queue_batches);
-            shard_txs.push(tx.clone());
+            let tx = shard_txs[usize::from(id)].clone();
+            let rx = shard_rxs.next().expect("a queue per shard");
             let ctx = ShardContext {
                 id,
                 shards,
@@ -534,6 +599,7 @@ impl Node {
                 own: tx,
                 flush_interval: Duration::from_millis(settings.flush_interval_ms),
                 gc_interval: Duration::from_millis(settings.gc_interval_ms),
+                dead_fraction: settings.storage_gc_dead_fraction,
                 data_dir: options.data_dir.clone(),
                 checkpoints: settings.checkpoint_interval_ms > 0,
                 scan_listener: scan_listeners[usize::from(id)],
@@ -889,6 +955,10 @@ struct Coordinator {
     >,
     status: Arc<NodeStatus>,
     lease_ms: u64,
+    /// Every shard's queue, for visibility checkpoints of long queries.
+    shards: Vec<flume::Sender<ShardMsg>>,
+    /// A query running this long gets a visibility checkpoint (0: never).
+    long_query_ms: u64,
 }
 
 impl Coordinator {
@@ -914,7 +984,52 @@ impl Coordinator {
         let s = &self.status;
         s.running_queries
             .store(self.state.running_queries() as u64, Ordering::Relaxed);
+        s.vis_checkpoints
+            .store(self.state.vis_checkpointed() as u64, Ordering::Relaxed);
         s.lwm.store(self.state.lwm().get().get(), Ordering::Release);
+        s.retain_lwm
+            .store(self.state.retain_lwm().get().get(), Ordering::Release);
+    }
+
+    /// Sends `msg(shard)` to every shard (or one) from a task of its own: a full shard queue
+    /// must not stall the coordinator, which the shards report to.
+    fn to_shards(&self, only: Option<u16>, msg: impl Fn() -> ShardMsg + 'static) {
+        let targets: Vec<_> = match only {
+            Some(s) => self
+                .shards
+                .get(usize::from(s))
+                .cloned()
+                .into_iter()
+                .collect(),
+            None => self.shards.clone(),
+        };
+        glommio::spawn_local(async move {
+            for s in targets {
+                let _ = s.send_async(msg()).await;
+            }
+        })
+        .detach();
+    }
+
+    /// Asks the shards for visibility checkpoints of queries that ran long, and to drop those
+    /// of queries that ended.
+    fn long_queries(&mut self) {
+        if self.long_query_ms > 0 {
+            for (query, snapshot) in self
+                .state
+                .start_vis_checkpoints(now_ms(), self.long_query_ms)
+            {
+                tracing::info!(
+                    "query {query} at snapshot {snapshot} ran {} ms or longer: taking its \
+                     visibility checkpoint",
+                    self.long_query_ms
+                );
+                self.to_shards(None, move || ShardMsg::VisCheckpoint { query, snapshot });
+            }
+        }
+        for query in self.state.take_vis_to_drop() {
+            self.to_shards(None, move || ShardMsg::DropVisCheckpoint { query });
+        }
     }
 
     fn begin_query(&mut self, reply: flume::Sender<(QueryId, Timestamp)>) {
@@ -1019,6 +1134,33 @@ async fn coordinator_main(
             CoordMsg::FileAdded { table, file } => {
                 c.files.entry(table).or_default().insert(file.file, file);
             }
+            CoordMsg::FileReplaced {
+                table,
+                old,
+                new,
+                from,
+            } => {
+                let files = c.files.entry(table).or_default();
+                if let Some(f) = files.get_mut(&old) {
+                    f.superseded_from = Some(from);
+                }
+                if let Some(new) = new {
+                    files.insert(new.file, new);
+                }
+            }
+            CoordMsg::VisCheckpointDone { query, shard, ok } => {
+                if !ok {
+                    tracing::warn!(
+                        "shard {shard} could not write the visibility checkpoint of query \
+                         {query}: it keeps holding LWM"
+                    );
+                }
+                if c.state.vis_checkpoint_done(query, ok) {
+                    tracing::info!("query {query} reads from its visibility checkpoint");
+                }
+                c.long_queries();
+                c.publish();
+            }
             CoordMsg::Plan { id, table, reply } => {
                 let plan = c
                     .state
@@ -1027,7 +1169,7 @@ async fn coordinator_main(
                         let listed = c
                             .files
                             .get(&table)
-                            .map(|f| f.values().cloned().collect())
+                            .map(|f| f.values().filter(|f| f.serves(snapshot)).cloned().collect())
                             .unwrap_or_default();
                         (snapshot, listed)
                     });
@@ -1038,10 +1180,17 @@ async fn coordinator_main(
                 if let Some(reply) = reply {
                     let _ = reply.send(running);
                 }
+                c.long_queries();
                 c.publish();
             }
             CoordMsg::Tick => {
                 c.state.expire_queries(now_ms());
+                c.long_queries();
+                // Files storage GC replaced leave the plans once no query may read them.
+                let oldest = c.state.retain_lwm().get();
+                for files in c.files.values_mut() {
+                    files.retain(|_, f| f.superseded_from.is_none_or(|t| t > oldest));
+                }
                 c.publish();
                 if dirty && c.persist(c.state.persisted()).await {
                     dirty = false;
@@ -1118,6 +1267,13 @@ fn recover(
     if removed > 0 {
         tracing::info!("removed {removed} lake objects no checkpoint refers to");
     }
+    // No query survives a restart, so neither does a visibility checkpoint.
+    let vis = crate::vis_checkpoint::vis_dir(&options.data_dir);
+    let _ = std::fs::remove_dir_all(&vis);
+    std::fs::create_dir_all(&vis).map_err(|source| NodeError::DataDir {
+        path: vis.clone(),
+        source,
+    })?;
     let checkpoints = options.data_dir.join("checkpoints");
     if let Ok(entries) = std::fs::read_dir(&checkpoints) {
         let current = persisted
@@ -1165,6 +1321,8 @@ struct ShardContext {
     own: flume::Sender<ShardMsg>,
     flush_interval: Duration,
     gc_interval: Duration,
+    /// Storage GC rewrites a file once more than this fraction of it is dead (1: never).
+    dead_fraction: f64,
     /// Where checkpoint images go, and whether the node takes checkpoints at all.
     data_dir: PathBuf,
     checkpoints: bool,
@@ -1205,6 +1363,7 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
     // Set once a transaction fails: the shard applies nothing after it, but still answers reads.
     let mut stopped = false;
     let mut scratch = Vec::new();
+    let mut vis = VisCheckpoints::new(&ctx.data_dir, ctx.id);
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             ShardMsg::Apply(bytes) => {
@@ -1219,7 +1378,14 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
                 except,
                 reply,
             } => {
-                let _ = reply.send(shard.snapshot_except(table, ts, &except));
+                let mut r = shard.snapshot_except(table, ts, &except);
+                // Memory GC passed a long query's snapshot: its checkpoint answers.
+                if matches!(r, Err(StorageError::SnapshotTooOld { .. }))
+                    && let Some(image) = vis.image(ts)
+                {
+                    r = shard.snapshot_with(table, ts, &except, Some(&image));
+                }
+                let _ = reply.send(r);
             }
             ShardMsg::Bitmaps {
                 file,
@@ -1227,10 +1393,40 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
                 row_groups,
                 reply,
             } => {
-                let _ = reply.send(shard.row_group_bitmaps(file, ts, &row_groups));
+                let mut r = shard.row_group_bitmaps(file, ts, &row_groups);
+                if matches!(r, Err(StorageError::SnapshotTooOld { .. }))
+                    && let Some(image) = vis.image(ts)
+                {
+                    r = shard.row_group_bitmaps_with(file, ts, &row_groups, Some(&image));
+                }
+                let _ = reply.send(r);
             }
-            ShardMsg::Tick => on_tick(&ctx, &mut shard),
+            ShardMsg::Tick => on_tick(&ctx, &mut shard, &vis),
             ShardMsg::GcTick => on_gc(&ctx, &mut shard),
+            ShardMsg::VisCheckpoint { query, snapshot } => {
+                let ok = match vis.write(&shard, query, snapshot).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "shard {}: visibility checkpoint of query {query}: {e}",
+                            ctx.id
+                        );
+                        false
+                    }
+                };
+                let _ = ctx
+                    .coord
+                    .send_async(CoordMsg::VisCheckpointDone {
+                        query,
+                        shard: ctx.id,
+                        ok,
+                    })
+                    .await;
+            }
+            ShardMsg::DropVisCheckpoint { query } => vis.remove(query),
+            ShardMsg::Rewritten { table, job, result } => {
+                on_rewritten(&ctx, &mut shard, table, job, result).await
+            }
             ShardMsg::Checkpoint { id, ts } => {
                 let ok = !stopped && on_checkpoint(&ctx, &mut shard, id, ts).await;
                 let _ = ctx
@@ -1270,6 +1466,8 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
                                 bytes: combined.bytes,
                                 shard: ctx.id,
                                 row_groups: combined.groups.clone(),
+                                min_snapshot: Timestamp::GENESIS,
+                                superseded_from: None,
                             },
                         })
                         .await;
@@ -1383,7 +1581,7 @@ fn fail_txn(ctx: &ShardContext, shard: &mut Shard, ts: Timestamp, error: String)
     false
 }
 
-fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
+fn on_tick(ctx: &ShardContext, shard: &mut Shard, vis: &VisCheckpoints) {
     for (table, job) in shard.take_flush_jobs() {
         let schema = shard.schema(table).expect("a shard's own table").clone();
         let req = IoRequest::Flush {
@@ -1412,7 +1610,10 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
             shard.combine_failed(table, job.file);
         }
     }
-    let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
+    // Objects stay while any query may read them, a long one reading from its visibility
+    // checkpoint included.
+    let lwm =
+        Timestamp::new(ctx.status.retain_lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
     // With checkpoints, an object leaves only once a checkpoint that does not read it is
     // complete: a restart may load the one before.
     let checkpointed = if ctx.checkpoints {
@@ -1433,8 +1634,10 @@ fn on_tick(ctx: &ShardContext, shard: &mut Shard) {
         .store(m.index_bytes as u64, Ordering::Relaxed);
     mem.write_buffer_bytes
         .store(m.write_buffer_bytes as u64, Ordering::Relaxed);
-    mem.visibility_bytes
-        .store(m.visibility_bytes as u64, Ordering::Relaxed);
+    mem.visibility_bytes.store(
+        (m.visibility_bytes + vis.memory_bytes()) as u64,
+        Ordering::Relaxed,
+    );
 }
 
 /// Writes this shard's image of checkpoint `id` durably; false if it could not. The barrier
@@ -1481,11 +1684,96 @@ fn on_gc(ctx: &ShardContext, shard: &mut Shard) {
         .min(shard.applied_through());
     let start = Instant::now();
     let dropped = shard.gc(safe);
+    ctx.status.gc_runs.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(
         "shard {}: memory GC at {safe} dropped {dropped} index versions in {:?}",
         ctx.id,
         start.elapsed()
     );
+    if ctx.dead_fraction >= 1.0 {
+        return;
+    }
+    let jobs = match shard.take_rewrite_jobs(safe, ctx.dead_fraction) {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            tracing::warn!("shard {}: storage GC at {safe}: {e}", ctx.id);
+            return;
+        }
+    };
+    for (table, job) in jobs {
+        let schema = shard.schema(table).expect("a shard's own table").clone();
+        let req = IoRequest::Rewrite {
+            schema,
+            table,
+            job,
+            reply: ctx.own.clone(),
+        };
+        if let Err(flume::TrySendError::Full(IoRequest::Rewrite { table, job, .. })) =
+            ctx.io.try_send(req)
+        {
+            shard.rewrite_failed(table, job.file);
+        }
+    }
+}
+
+/// A storage-GC rewrite finished: switch to the new file and tell the coordinator, which
+/// lists it in later plans (the shard's scan service already serves it).
+async fn on_rewritten(
+    ctx: &ShardContext,
+    shard: &mut Shard,
+    table: TableId,
+    job: RewriteJob,
+    result: Result<file::CombinedFile, String>,
+) {
+    let written = match result {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(
+                "shard {}: rewriting file {} failed, a later GC may retry: {e}",
+                ctx.id,
+                job.file
+            );
+            shard.rewrite_failed(table, job.file);
+            return;
+        }
+    };
+    let replaced = match shard.rewrite_done(table, &job, written.groups.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            ctx.status.fail(format!(
+                "shard {}: switching to rewritten file {}: {e}",
+                ctx.id, job.target_file
+            ));
+            return;
+        }
+    };
+    ctx.status.files_rewritten.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        "shard {}: storage GC rewrote file {} into {:?} ({} rows kept of {})",
+        ctx.id,
+        job.file,
+        replaced.by,
+        job.kept_rows(),
+        job.rows
+    );
+    let new = replaced.by.map(|file| PlanFile {
+        file,
+        path: job.target.clone(),
+        bytes: written.bytes,
+        shard: ctx.id,
+        row_groups: written.groups,
+        min_snapshot: replaced.from,
+        superseded_from: None,
+    });
+    let _ = ctx
+        .coord
+        .send_async(CoordMsg::FileReplaced {
+            table,
+            old: replaced.file,
+            new,
+            from: replaced.from,
+        })
+        .await;
 }
 
 fn io_main(
@@ -1542,6 +1830,19 @@ async fn handle_io(
                 .map_err(|e| e.to_string());
             let _ = reply
                 .send_async(ShardMsg::Combined { table, job, result })
+                .await;
+        }
+        IoRequest::Rewrite {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            let result = file::rewrite_file(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = reply
+                .send_async(ShardMsg::Rewritten { table, job, result })
                 .await;
         }
         IoRequest::Delete { paths } => {

@@ -41,6 +41,12 @@ pub struct Settings {
     /// How often each shard runs memory GC: folds deletes at or below `min(LWM, HWM - 1)` into
     /// base bitmaps and drops index versions no query can see.
     pub gc_interval_ms: u64,
+    /// Storage GC, after each memory GC: a regular file with more than this fraction of its
+    /// rows deleted below the GC point is rewritten without them (1 = never).
+    pub storage_gc_dead_fraction: f64,
+    /// A query running this long gets a visibility checkpoint: its bitmaps go to a file, and
+    /// LWM (so memory GC) no longer waits for it (0 = never).
+    pub long_query_ms: u64,
     /// How often the sink puts a checkpoint barrier into the shards' streams (0: never; a
     /// restart then replays the source from its start).
     pub checkpoint_interval_ms: u64,
@@ -63,6 +69,8 @@ impl Default for Settings {
             persist_interval_ms: 100,
             query_lease_ms: 30_000,
             gc_interval_ms: 60_000,
+            storage_gc_dead_fraction: 0.5,
+            long_query_ms: 30_000,
             checkpoint_interval_ms: 10_000,
         }
     }
@@ -144,6 +152,12 @@ impl Settings {
             if v == 0 {
                 return Err(SettingsError::Invalid(format!("{name} must be positive")));
             }
+        }
+        let f = self.storage_gc_dead_fraction;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(SettingsError::Invalid(format!(
+                "storage_gc_dead_fraction must be in (0, 1], got {f}"
+            )));
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! After a stream that updates and deletes heavily, memory GC brings visibility back to about
-//! one bit per stored row and the index to one version per live key (structural properties,
-//! not times).
+//! one bit per stored row and the index to one version per live key, and storage GC then drops
+//! the dead rows from the files, so the bit per row is paid for live rows (structural
+//! properties, not times).
 
 use retina_storage::{
     ColumnDef, ColumnType, RowOp, Shard, StorageConfig, TableOp, TableSchema, Timestamp, Value,
@@ -8,7 +9,16 @@ use retina_storage::{
 
 #[test]
 fn gc_leaves_about_one_bit_per_row_and_one_version_per_key() {
-    let mut shard = Shard::new(0, StorageConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = retina_storage::file::local_store(dir.path()).unwrap();
+    // Files of 64K rows, so the stream fills and combines several.
+    let config = StorageConfig {
+        row_group_rows: 16_384,
+        file_rows: 65_536,
+        zstd_level: 0,
+        ..StorageConfig::default()
+    };
+    let mut shard = Shard::new(0, config).unwrap();
     shard.add_table(
         TableSchema::new(
             "t",
@@ -93,5 +103,48 @@ fn gc_leaves_about_one_bit_per_row_and_one_version_per_key() {
         shard.index_versions(0).unwrap() as i64,
         N - N / 5,
         "one version per live key"
+    );
+
+    // Storage GC: files combined, then every file more than half dead is rewritten without
+    // its dead rows; once no query can read the old files they leave, with their visibility.
+    futures::executor::block_on(shard.flush_and_combine(store.as_ref())).unwrap();
+    let last = Timestamp::new(last).unwrap();
+    let mut replaced = 0;
+    loop {
+        // A GC starts a bounded number of rewrites; the next one takes the rest.
+        let r =
+            futures::executor::block_on(shard.gc_and_rewrite(store.as_ref(), last, 0.5)).unwrap();
+        if r.is_empty() {
+            break;
+        }
+        replaced += r.len();
+    }
+    // Rounds 0 and 1 fill six files and die whole; round 2 is four fifths live.
+    assert!(
+        replaced >= 6,
+        "files more than half dead were rewritten: {replaced}"
+    );
+    let gone = shard.take_deletable(Timestamp::new(last.get() + 1).unwrap(), u64::MAX);
+    let files_gone = gone
+        .iter()
+        .filter(|p| !p.as_ref().contains("/buffer/"))
+        .count();
+    assert_eq!(files_gone, replaced, "each old file leaves once");
+    let (stored_after, deleted_after) = shard.row_counts(0).unwrap();
+    let live = (N - N / 5) as u64;
+    assert_eq!(stored_after - deleted_after, live, "no live row lost");
+    assert!(
+        stored_after < stored / 2,
+        "storage GC dropped the dead rows: {stored_after} of {stored} stored"
+    );
+    let bits = shard.memory().visibility_bytes as f64 * 8.0 / stored_after as f64;
+    assert!(
+        bits <= 1.2,
+        "{bits:.3} bits per stored row after storage GC"
+    );
+    assert_eq!(
+        shard.index_versions(0).unwrap() as i64,
+        N - N / 5,
+        "row ids kept their keys"
     );
 }
