@@ -67,6 +67,36 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
+    /// Query latency while memory GC and storage GC run at different intervals (the paper's
+    /// Figure 14): the workload at a fixed rate, a scan query through the DataFusion connector
+    /// every 100 ms, P50/P99 per GC interval.
+    Gc {
+        /// GC intervals to measure, in milliseconds, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "10000,30000,60000,240000"
+        )]
+        intervals_ms: Vec<u64>,
+        /// Seconds per interval.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Rows per second the workload is emitted at.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Recovery time against the rows applied since the last checkpoint: a node loads the
+    /// stock table, checkpoints, applies that many more rows and stops without a checkpoint;
+    /// a restart loads the checkpoint and the same rows are redone.
+    Recovery {
+        /// Rows applied after the checkpoint, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,100000,400000,1600000")]
+        rows: Vec<u64>,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -102,6 +132,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             seconds,
             shards,
         } => freshness(&rates, seconds, shards),
+        BenchCommand::Gc {
+            intervals_ms,
+            seconds,
+            rate,
+            shards,
+        } => gc(&intervals_ms, seconds, rate, shards),
+        BenchCommand::Recovery { rows, shards } => recovery(&rows, shards),
     }
 }
 
@@ -232,74 +269,16 @@ fn now_us() -> i64 {
 const WARM_UP_US: i64 = 1_000_000;
 
 fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
-    use retina_bench::ch::REPLAY_FRESH_TS;
-    use retina_storage::{RowOp, Value};
     println!(
         "{:>10} {:>14} {:>14} {:>9}",
         "rows/s", "P50 ms", "P99 ms", "samples"
     );
     for &rate in rates {
-        let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
-        let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
-        let node = Node::start(NodeOptions {
-            data_dir: dir.path().join("data"),
-            catalog,
-            settings: Settings {
-                shards,
-                ..Settings::default()
-            },
-            listen: Some("127.0.0.1:0".parse()?),
-            auth_token: None,
-            await_source: false,
-        })?;
-        let h = node.handle().clone();
-        // About 22 rows per NewOrder; enough for the run and a margin.
-        let new_orders = (rate * seconds / 20 + 1000) as usize;
-        let mut txns = replay_workload(7, 1, new_orders);
-        let load_txns = txns.len() - new_orders;
-        let load: Vec<_> = txns.drain(..load_txns).collect();
-        let ts = h.submit(&load, &[])?;
-        anyhow::ensure!(
-            h.wait_visible(*ts.end(), Duration::from_secs(60)),
-            "the load did not finish"
-        );
-
-        let stop = Arc::new(AtomicBool::new(false));
-        let driver = {
-            let h = h.clone();
-            let stop = stop.clone();
-            std::thread::spawn(move || -> anyhow::Result<()> {
-                let start = Instant::now();
-                let mut sent = 0u64;
-                let mut pending = txns.into_iter();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    // Every transaction due by now, stamped with the time it is emitted.
-                    let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-                    let mut group = Vec::new();
-                    while sent < due {
-                        let Some(mut txn) = pending.next() else { break };
-                        let stamp = now_us();
-                        for op in &mut txn {
-                            let col = REPLAY_FRESH_TS[op.table as usize];
-                            match &mut op.op {
-                                RowOp::Insert(r) | RowOp::Update { after: r, .. } => {
-                                    r[col] = Value::Timestamp(stamp)
-                                }
-                                RowOp::Delete(_) => {}
-                            }
-                        }
-                        sent += txn.len() as u64;
-                        group.push(txn);
-                    }
-                    if group.is_empty() {
-                        std::thread::sleep(Duration::from_micros(200));
-                    } else {
-                        h.submit(&group, &[])?;
-                    }
-                }
-                Ok(())
-            })
+        let settings = Settings {
+            shards,
+            ..Settings::default()
         };
+        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
         let addr = node.coordinator_addr().expect("listening");
         let driver_start = now_us();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -357,6 +336,256 @@ fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
             "ms",
         );
         node.shutdown();
+    }
+    Ok(())
+}
+
+/// A node over a temporary directory with the replay workload's load applied, and a thread
+/// emitting its NewOrders at `rate` rows per second, each stamped with the time it is emitted
+/// in `fresh_ts`, until the flag is set (enough for `seconds` and a margin).
+#[allow(clippy::type_complexity)]
+fn drive_replay_workload(
+    settings: Settings,
+    rate: u64,
+    seconds: u64,
+) -> anyhow::Result<(
+    tempfile::TempDir,
+    Node,
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<anyhow::Result<()>>,
+)> {
+    use retina_bench::ch::REPLAY_FRESH_TS;
+    use retina_storage::{RowOp, Value};
+    let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
+    let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog,
+        settings,
+        listen: Some("127.0.0.1:0".parse()?),
+        auth_token: None,
+        await_source: false,
+    })?;
+    let h = node.handle().clone();
+    // About 22 rows per NewOrder; enough for the run and a margin.
+    let new_orders = (rate * seconds / 20 + 1000) as usize;
+    let mut txns = replay_workload(7, 1, new_orders);
+    let load_txns = txns.len() - new_orders;
+    let load: Vec<_> = txns.drain(..load_txns).collect();
+    let ts = h.submit(&load, &[])?;
+    anyhow::ensure!(
+        h.wait_visible(*ts.end(), Duration::from_secs(60)),
+        "the load did not finish"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let start = Instant::now();
+            let mut sent = 0u64;
+            let mut pending = txns.into_iter();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Every transaction due by now, stamped with the time it is emitted.
+                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                let mut group = Vec::new();
+                while sent < due {
+                    let Some(mut txn) = pending.next() else { break };
+                    let stamp = now_us();
+                    for op in &mut txn {
+                        let col = REPLAY_FRESH_TS[op.table as usize];
+                        match &mut op.op {
+                            RowOp::Insert(r) | RowOp::Update { after: r, .. } => {
+                                r[col] = Value::Timestamp(stamp)
+                            }
+                            RowOp::Delete(_) => {}
+                        }
+                    }
+                    sent += txn.len() as u64;
+                    group.push(txn);
+                }
+                if group.is_empty() {
+                    std::thread::sleep(Duration::from_micros(200));
+                } else {
+                    h.submit(&group, &[])?;
+                }
+            }
+            Ok(())
+        })
+    };
+    Ok((dir, node, stop, driver))
+}
+
+fn gc(intervals_ms: &[u64], seconds: u64, rate: u64, shards: u16) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    const QUERY: &str = "SELECT count(*), sum(s_quantity) FROM stock";
+    println!(
+        "{QUERY} every 100 ms for {seconds} s while the workload runs at {rate} rows/s on {shards} shards"
+    );
+    println!(
+        "{:>12} {:>9} {:>9} {:>8} {:>8} {:>10} {:>14}",
+        "GC every ms", "P50 ms", "P99 ms", "samples", "GC runs", "rewritten", "visibility MiB"
+    );
+    for &interval in intervals_ms {
+        let settings = Settings {
+            shards,
+            gc_interval_ms: interval,
+            ..Settings::default()
+        };
+        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
+        let status = node.handle().status().clone();
+        let addr = node.coordinator_addr().expect("listening");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let mut samples = runtime.block_on(async {
+            let retina = retina_query::Retina::connect(addr, "")?;
+            let mut samples = Vec::new();
+            let warm = Instant::now() + Duration::from_micros(WARM_UP_US as u64);
+            let end = Instant::now() + Duration::from_secs(seconds);
+            while Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let start = Instant::now();
+                let batches = retina.begin().await?.collect(QUERY).await?;
+                anyhow::ensure!(
+                    batches.iter().map(|b| b.num_rows()).sum::<usize>() == 1,
+                    "one row of aggregates"
+                );
+                if start >= warm {
+                    samples.push(start.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+            anyhow::Ok(samples)
+        })?;
+        stop.store(true, Ordering::Relaxed);
+        driver
+            .join()
+            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        anyhow::ensure!(!samples.is_empty(), "no latency sample");
+        let runs = status.gc_runs.load(Ordering::Relaxed);
+        let rewritten = status.files_rewritten.load(Ordering::Relaxed);
+        let vis: u64 = status
+            .shard_memory
+            .iter()
+            .map(|m| m.visibility_bytes.load(Ordering::Relaxed))
+            .sum();
+        let p50 = median(&mut samples);
+        let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+        println!(
+            "{interval:>12} {p50:>9.1} {p99:>9.1} {:>8} {runs:>8} {rewritten:>10} {:>14.2}",
+            samples.len(),
+            vis as f64 / (1 << 20) as f64
+        );
+        for (name, v, unit) in [
+            ("p50_ms", p50, "ms"),
+            ("p99_ms", p99, "ms"),
+            ("gc_runs", runs as f64, "runs"),
+            ("files_rewritten", rewritten as f64, "files"),
+            ("visibility_bytes", vis as f64, "bytes"),
+        ] {
+            let _ = record(
+                "gc",
+                &format!("{name}_gc_every_{interval}_ms_at_{rate}_rows_per_s"),
+                v,
+                unit,
+            );
+        }
+        node.shutdown();
+    }
+    Ok(())
+}
+
+fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
+    println!(
+        "{:>12} {:>16} {:>12} {:>14} {:>16}",
+        "rows since", "checkpoint MiB", "restore s", "redo s", "recovery s"
+    );
+    for &since in rows {
+        let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+        let data = dir.path().join("data");
+        let start = || {
+            Node::start(NodeOptions {
+                data_dir: data.clone(),
+                catalog: catalog.clone(),
+                settings: Settings {
+                    shards,
+                    ..Settings::default()
+                },
+                listen: None,
+                auth_token: None,
+                await_source: false,
+            })
+        };
+        // About 22 rows per NewOrder.
+        let mut txns = replay_workload(11, 1, (since / 20 + 1) as usize);
+        let load: Vec<_> = txns
+            .drain(..txns.len() - (since / 20 + 1) as usize)
+            .collect();
+        let mut redo = Vec::new();
+        let mut n = 0u64;
+        for t in txns {
+            if n >= since {
+                break;
+            }
+            n += t.len() as u64;
+            redo.push(t);
+        }
+        let node = start()?;
+        let h = node.handle().clone();
+        let ts = h.submit(&load, &[])?;
+        anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(120)));
+        let id = h
+            .checkpoint(Default::default())?
+            .context("a checkpoint was already on its way")?;
+        let waited = Instant::now();
+        while h.status().checkpoint_id.load(Ordering::Acquire) < id {
+            anyhow::ensure!(
+                waited.elapsed() < Duration::from_secs(120),
+                "the checkpoint did not complete"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let submit_all = |h: &retina_node::node::NodeHandle| -> anyhow::Result<()> {
+            for group in redo.chunks(1024) {
+                let ts = h.submit(group, &[])?;
+                if group.as_ptr_range().end == redo.as_ptr_range().end {
+                    anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(600)));
+                }
+            }
+            Ok(())
+        };
+        submit_all(&h)?;
+        node.shutdown();
+        let ckpt_bytes: u64 = std::fs::read_dir(data.join("checkpoints"))?
+            .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .filter_map(|f| f.metadata().ok().map(|m| m.len()))
+            .sum();
+
+        // The restart: the checkpoint loaded, then the rows after it redone from the source.
+        let t0 = Instant::now();
+        let node = start()?;
+        let restored = t0.elapsed();
+        let h = node.handle().clone();
+        submit_all(&h)?;
+        let total = t0.elapsed();
+        node.shutdown();
+        let redo_s = (total - restored).as_secs_f64();
+        println!(
+            "{n:>12} {:>16.1} {:>12.3} {redo_s:>14.3} {:>16.3}",
+            ckpt_bytes as f64 / (1 << 20) as f64,
+            restored.as_secs_f64(),
+            total.as_secs_f64()
+        );
+        for (name, v, unit) in [
+            ("restore_s", restored.as_secs_f64(), "s"),
+            ("redo_s", redo_s, "s"),
+            ("recovery_s", total.as_secs_f64(), "s"),
+            ("checkpoint_bytes", ckpt_bytes as f64, "bytes"),
+        ] {
+            let _ = record("recovery", &format!("{name}_with_{n}_rows_since"), v, unit);
+        }
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Crash recovery for real: `retina serve` follows a Debezium file that a writer keeps growing
 //! (transfers between accounts, with a ledger whose old entries are deleted), and is killed
 //! with SIGKILL at seeded random moments, over and over, while it replays, flushes, combines
-//! files, runs memory GC and takes checkpoints (all set to run every few milliseconds). After
+//! files, runs memory GC and storage GC (rewriting files the updates and deletes left mostly
+//! dead) and takes checkpoints (all set to run every few milliseconds). After
 //! every restart a query reads both tables through the DataFusion connector: its snapshot is
 //! never behind one a query was shown before the kill, and the rows are exactly the naive
 //! model's at that snapshot (nothing lost, nothing twice). At the end, with the writer done,
@@ -138,7 +139,7 @@ fn txn_json(k: usize, txn: &[Change]) -> String {
     out
 }
 
-/// A port whose next two ports (the shards' scan services) are free too.
+/// A port whose next three ports (the shards' scan services, then metrics) are free too.
 fn free_ports() -> u16 {
     loop {
         let p = TcpListener::bind("127.0.0.1:0")
@@ -146,7 +147,7 @@ fn free_ports() -> u16 {
             .local_addr()
             .unwrap()
             .port();
-        if p < 65_000 && (1..=2).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+        if p < 65_000 && (1..=3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
             return p;
         }
     }
@@ -161,6 +162,8 @@ fn serve(dir: &std::path::Path, port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_retina"))
         .args(["serve", "--shards", "2", "--follow", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
+        .arg("--metrics")
+        .arg(format!("127.0.0.1:{}", port + 3))
         .arg("--source")
         .arg(format!("file:{}", dir.join("in.json").display()))
         .arg("--data-dir")
@@ -266,6 +269,18 @@ fn model_at(txns: &[Vec<Change>], snapshot: u64) -> State {
     state
 }
 
+/// A counter or gauge of the node's metrics on `port`, if it answers.
+fn metric(port: u16, name: &str) -> Option<u64> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 fn kill(mut child: Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -316,6 +331,7 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let mut rng = SmallRng::seed_from_u64(SEED ^ 1);
     let mut shown = 0u64;
     let mut checkpointed_kills = 0;
+    let mut rewritten = 0;
     for cycle in 0..KILLS {
         let (port, addr) = ports();
         let mut child = serve(dir.path(), port);
@@ -336,6 +352,7 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             shown = snapshot;
         }
         std::thread::sleep(Duration::from_millis(rng.random_range(0..150)));
+        rewritten += metric(port + 3, "retina_files_rewritten_total").unwrap_or(0);
         kill(child);
         let state =
             std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap_or_default();
@@ -346,6 +363,10 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     assert!(
         checkpointed_kills >= KILLS / 2,
         "most kills should come after a checkpoint: {checkpointed_kills}"
+    );
+    assert!(
+        rewritten > 0,
+        "storage GC rewrote files in the runs that were killed"
     );
     hurry.store(true, Ordering::Relaxed);
     writer.join().unwrap();

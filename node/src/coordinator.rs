@@ -692,7 +692,7 @@ mod tests {
         );
         assert_eq!(c.start_vis_checkpoints(5_000, 5_000), vec![(long, s)]);
         assert!(
-            c.start_vis_checkpoints(9_000, 5_000).is_empty(),
+            c.start_vis_checkpoints(8_000, 5_000).is_empty(),
             "asked once"
         );
         assert!(!c.vis_checkpoint_done(long, true));
