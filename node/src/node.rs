@@ -63,6 +63,9 @@ pub enum ShardMsg {
     Tick,
     /// From the shard's own GC timer: time for memory GC.
     GcTick,
+    /// From the shard itself: memory GC goes on with `table`, at `safe` (one table per
+    /// message, so other messages are served in between).
+    GcStep { table: TableId, safe: Timestamp },
     /// From the sink, after every batch through `ts`: write this shard's image of checkpoint
     /// `id` durably and report to the coordinator.
     Checkpoint { id: u64, ts: Timestamp },
@@ -1402,7 +1405,8 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
                 let _ = reply.send(r);
             }
             ShardMsg::Tick => on_tick(&ctx, &mut shard, &vis),
-            ShardMsg::GcTick => on_gc(&ctx, &mut shard),
+            ShardMsg::GcTick => on_gc(&ctx, &mut shard, None),
+            ShardMsg::GcStep { table, safe } => on_gc(&ctx, &mut shard, Some((table, safe))),
             ShardMsg::VisCheckpoint { query, snapshot } => {
                 let ok = match vis.write(&shard, query, snapshot).await {
                     Ok(()) => true,
@@ -1676,20 +1680,37 @@ async fn on_checkpoint(ctx: &ShardContext, shard: &mut Shard, id: u64, ts: Times
 
 /// Memory GC at `min(LWM, HWM - 1)`, and no further than this shard has applied. Both
 /// watermarks only grow and LWM <= HWM - 1, so a query that begins after they were read reads
-/// at or above the fold point.
-fn on_gc(ctx: &ShardContext, shard: &mut Shard) {
-    let lwm = Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
-    let safe = lwm
-        .min(ctx.status.hwm().snapshot())
-        .min(shard.applied_through());
-    let start = Instant::now();
-    let dropped = shard.gc(safe);
+/// at or above the fold point. One table per message: the next table's step goes to the back of
+/// the shard's queue, so replay and scans go on between tables. After the last table, storage
+/// GC picks the files to rewrite.
+fn on_gc(ctx: &ShardContext, shard: &mut Shard, step: Option<(TableId, Timestamp)>) {
+    let (mut table, safe) = step.unwrap_or_else(|| {
+        let lwm =
+            Timestamp::new(ctx.status.lwm.load(Ordering::Acquire)).unwrap_or(Timestamp::GENESIS);
+        let safe = lwm
+            .min(ctx.status.hwm().snapshot())
+            .min(shard.applied_through());
+        (0, safe)
+    });
+    let tables = shard.table_count() as TableId;
+    while table < tables {
+        let start = Instant::now();
+        let dropped = shard.gc_table(table, safe);
+        tracing::debug!(
+            "shard {}: memory GC of table {table} at {safe} dropped {dropped} index versions in {:?}",
+            ctx.id,
+            start.elapsed()
+        );
+        table += 1;
+        if table < tables {
+            match ctx.own.try_send(ShardMsg::GcStep { table, safe }) {
+                Ok(()) => return,
+                // A full queue: the rest now.
+                Err(_) => continue,
+            }
+        }
+    }
     ctx.status.gc_runs.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(
-        "shard {}: memory GC at {safe} dropped {dropped} index versions in {:?}",
-        ctx.id,
-        start.elapsed()
-    );
     if ctx.dead_fraction >= 1.0 {
         return;
     }

@@ -948,19 +948,28 @@ impl Shard {
     /// Memory GC: folds every delete at or before `safe_ts` into the base bitmaps and drops
     /// index versions no snapshot at or after it can see. Returns the versions dropped.
     pub fn gc(&mut self, safe_ts: Timestamp) -> usize {
+        (0..self.tables.len() as TableId)
+            .map(|t| self.gc_table(t, safe_ts))
+            .sum()
+    }
+
+    /// [`Self::gc`] of one table, so a caller on a shared core can yield between tables.
+    pub fn gc_table(&mut self, table: TableId, safe_ts: Timestamp) -> usize {
         assert!(
             safe_ts <= self.applied_through,
             "GC at {safe_ts} beyond the applied {}",
             self.applied_through
         );
-        let mut dropped = 0;
-        for t in &mut self.tables {
-            for f in t.files.values_mut().filter(|f| !f.rewriting) {
-                f.visibility.fold(safe_ts);
-            }
-            dropped += t.index.purge(safe_ts);
+        let t = &mut self.tables[table as usize];
+        for f in t.files.values_mut().filter(|f| !f.rewriting) {
+            f.visibility.fold(safe_ts);
         }
-        dropped
+        t.index.purge(safe_ts)
+    }
+
+    /// Tables of the shard.
+    pub fn table_count(&self) -> usize {
+        self.tables.len()
     }
 
     /// Storage GC, after a memory GC at `safe_ts`: regular files with more than
