@@ -1729,8 +1729,9 @@ fn on_gc(ctx: &ShardContext, shard: &mut Shard, step: Option<(TableId, Timestamp
             job,
             reply: ctx.own.clone(),
         };
-        if let Err(flume::TrySendError::Full(IoRequest::Rewrite { table, job, .. })) =
-            ctx.io.try_send(req)
+        // Not sent (a full queue, or the I/O thread is gone): the file stays as it was.
+        if let Err(e) = ctx.io.try_send(req)
+            && let IoRequest::Rewrite { table, job, .. } = e.into_inner()
         {
             shard.rewrite_failed(table, job.file);
         }

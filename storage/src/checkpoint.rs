@@ -19,7 +19,7 @@ use crate::index::{Extent, FileId, KeptRows, RowId};
 use crate::ts::Timestamp;
 
 const MAGIC: &[u8; 8] = b"RTNACKPT";
-/// 2: extents of rewritten files carry their kept rows.
+/// 2: extents of rewritten files carry their kept rows (version 1 images still load).
 const VERSION: u32 = 2;
 
 /// One shard as of `applied_through`.
@@ -177,9 +177,14 @@ fn checked_body<'a>(bytes: &'a [u8], magic: &[u8; 8], what: &str) -> Result<&'a 
 
 impl ShardImage {
     pub fn encode(&self) -> Result<Vec<u8>> {
+        self.encode_as(VERSION)
+    }
+
+    /// The encoding of `version` (an older one only for tests: it cannot hold kept rows).
+    fn encode_as(&self, version: u32) -> Result<Vec<u8>> {
         let mut e = Enc(Vec::with_capacity(1 << 16));
         e.0.extend_from_slice(MAGIC);
-        e.u32(VERSION);
+        e.u32(version);
         e.u32(u32::from(self.shard));
         e.u64(self.applied_through.get());
         e.u64(self.next_file_seq);
@@ -198,6 +203,7 @@ impl ShardImage {
                 e.u64(x.offset);
                 e.u64(x.rows);
                 match &x.kept {
+                    _ if version < 2 => assert!(x.kept.is_none(), "version 1 has no kept rows"),
                     None => e.u8(0),
                     Some(k) => {
                         e.u8(1);
@@ -263,8 +269,10 @@ impl ShardImage {
             at: MAGIC.len(),
         };
         let version = d.u32()?;
-        if version != VERSION {
-            return Err(d.corrupt(format!("version {version}, this build reads {VERSION}")));
+        if !(1..=VERSION).contains(&version) {
+            return Err(d.corrupt(format!(
+                "version {version}, this build reads 1 to {VERSION}"
+            )));
         }
         let shard = d.u32()?;
         let shard = u16::try_from(shard).map_err(|_| d.corrupt(format!("shard {shard}")))?;
@@ -285,7 +293,8 @@ impl ShardImage {
                 let file = FileId(d.u64()?);
                 let offset = d.u64()?;
                 let rows = d.u64()?;
-                let kept = match d.u8()? {
+                let tag = if version >= 2 { d.u8()? } else { 0 };
+                let kept = match tag {
                     0 => None,
                     1 => Some(std::sync::Arc::new(
                         KeptRows::new(rows, d.words()?).map_err(|e| d.corrupt(e.to_string()))?,
@@ -483,6 +492,40 @@ impl VisibilityImage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn images_of_the_previous_version_still_load() {
+        let image = |kept: Option<KeptRows>| ShardImage {
+            shard: 3,
+            applied_through: Timestamp::new(9).unwrap(),
+            next_file_seq: 2,
+            tables: vec![TableImage {
+                name: "t".into(),
+                keys: vec![(b"k".to_vec(), RowId(4))],
+                extents: vec![(
+                    RowId(0),
+                    Extent {
+                        file: FileId::new(3, 1),
+                        offset: 0,
+                        rows: 64,
+                        kept: kept.map(std::sync::Arc::new),
+                    },
+                )],
+                files: Vec::new(),
+                buffer: BufferImage {
+                    next_row: 64,
+                    files: Vec::new(),
+                },
+            }],
+        };
+        let old = image(None).encode_as(1).unwrap();
+        let back = ShardImage::decode(&old).unwrap();
+        assert_eq!(back.tables[0].extents, image(None).tables[0].extents);
+        assert_eq!(back.tables[0].keys, image(None).tables[0].keys);
+        let sparse = image(Some(KeptRows::new(64, vec![0b1011]).unwrap()));
+        let back = ShardImage::decode(&sparse.encode().unwrap()).unwrap();
+        assert_eq!(back.tables[0].extents, sparse.tables[0].extents);
+    }
 
     #[test]
     fn visibility_images_round_trip_and_answer_ranges() {

@@ -377,6 +377,11 @@ impl RowIdMap {
         self.extents.insert(first.0, extent);
     }
 
+    /// Forgets the range that starts at `first` (storage GC dropped every row of it).
+    pub fn unmap(&mut self, first: RowId) {
+        self.extents.remove(&first.0);
+    }
+
     pub fn locate(&self, row: RowId) -> Option<RowLocation> {
         let (start, e) = self.extents.range(..=row.0).next_back()?;
         if row.0 >= start + e.rows {

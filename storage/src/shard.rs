@@ -695,6 +695,7 @@ impl Shard {
             Err(StorageError::SnapshotTooOld { .. }) if image.is_some() => {
                 let image = image.expect("matched");
                 let whole = Self::image_bitmap(t, id, image);
+                let whole: &[u64] = &whole;
                 out.clear();
                 out.resize(len.div_ceil(64) as usize, 0);
                 let first = (start / 64) as usize;
@@ -717,9 +718,13 @@ impl Shard {
     /// tell). A file the image does not know was started after it, so none of its rows is
     /// visible there (the `_create_ts` check hides them), unless storage GC wrote it from one
     /// the image knows: then it is that file's bitmap, over the rows it kept.
-    fn image_bitmap(t: &TableState, id: FileId, image: &VisibilityImage) -> Vec<u64> {
+    fn image_bitmap<'a>(
+        t: &TableState,
+        id: FileId,
+        image: &'a VisibilityImage,
+    ) -> std::borrow::Cow<'a, [u64]> {
         if let Some((_, words)) = image.files.get(&id) {
-            return words.clone();
+            return std::borrow::Cow::Borrowed(words);
         }
         let entry = &t.files[&id];
         let rows = entry.visibility.rows();
@@ -741,7 +746,7 @@ impl Shard {
                 }
             }
         }
-        out
+        std::borrow::Cow::Owned(out)
     }
 
     /// The deleted-rows bitmaps of a regular file's row groups at `snapshot`, in the order
@@ -991,9 +996,16 @@ impl Shard {
                     continue;
                 }
                 let rows = f.visibility.rows();
-                if rows == 0 {
+                // Rows dead now bound the rows dead at `safe_ts`: most files stop here without
+                // a bitmap.
+                if rows == 0 || (f.visibility.deleted_rows() as f64) <= dead_fraction * rows as f64
+                {
                     continue;
                 }
+                // Every delete at or below `safe_ts` folds into the base first (the caller's
+                // memory GC may have skipped this file while an earlier rewrite of it was on
+                // its way), so whatever stays pending is newer and the rewrite carries it over.
+                f.visibility.fold(safe_ts);
                 let mut deleted = Vec::new();
                 if f.visibility
                     .bitmap_range(0, rows, safe_ts, &mut deleted)
@@ -1108,15 +1120,20 @@ impl Shard {
             }
             Some(before) => before.then(&kept)?,
         };
-        t.row_ids.map(
-            first,
-            Extent {
-                file: job.target_file,
-                offset: 0,
-                rows: extent.rows,
-                kept: Some(Arc::new(kept)),
-            },
-        );
+        if kept_rows > 0 {
+            t.row_ids.map(
+                first,
+                Extent {
+                    file: job.target_file,
+                    offset: 0,
+                    rows: extent.rows,
+                    kept: Some(Arc::new(kept)),
+                },
+            );
+        } else {
+            // No row of the range is live: no key maps into it any more.
+            t.row_ids.unmap(first);
+        }
         t.retired.push(Retired {
             replaced_at: applied,
             after_checkpoint: self.last_checkpoint,

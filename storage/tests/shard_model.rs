@@ -92,9 +92,13 @@ enum Step {
     RewriteBegin {
         lag: u64,
         dead: f64,
+        /// Whether memory GC runs first (the node's GC can pick files between table steps).
+        memory_gc: bool,
     },
     /// The rewrites on their way are written and switched to.
     RewriteEnd,
+    /// The rewrites on their way could not be written.
+    RewriteFail,
     /// A long query: a visibility checkpoint at a snapshot, after which GC may pass it.
     Pin {
         lag: u64,
@@ -119,9 +123,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u64..8).prop_map(|lag| Step::Gc { lag }),
         3 => (0u32..2, 0u64..12).prop_map(|(table, lag)| Step::Read { table, lag }),
         1 => Just(Step::Restart),
-        2 => (0u64..6, prop_oneof![Just(0.0), Just(0.2), Just(0.5)])
-            .prop_map(|(lag, dead)| Step::RewriteBegin { lag, dead }),
+        2 => (0u64..6, prop_oneof![Just(0.0), Just(0.2), Just(0.5)], any::<bool>())
+            .prop_map(|(lag, dead, memory_gc)| Step::RewriteBegin { lag, dead, memory_gc }),
         2 => Just(Step::RewriteEnd),
+        1 => Just(Step::RewriteFail),
         1 => (0u64..6).prop_map(|lag| Step::Pin { lag }),
         2 => (0u32..2).prop_map(|table| Step::ReadPinned { table }),
     ]
@@ -355,10 +360,12 @@ proptest! {
                     shard.gc(Timestamp::new(at).unwrap());
                     gc_to = at;
                 }
-                Step::RewriteBegin { lag, dead } => {
+                Step::RewriteBegin { lag, dead, memory_gc } => {
                     let at = (next - 1).saturating_sub(lag).max(gc_to);
                     let at_ts = Timestamp::new(at).unwrap();
-                    shard.gc(at_ts);
+                    if memory_gc {
+                        shard.gc(at_ts);
+                    }
                     gc_to = at;
                     rewriting.extend(shard.take_rewrite_jobs(at_ts, dead).unwrap());
                 }
@@ -371,6 +378,11 @@ proptest! {
                         .unwrap();
                         let r = shard.rewrite_done(t, &job, written.groups).unwrap();
                         prop_assert_eq!(r.file, job.file);
+                    }
+                }
+                Step::RewriteFail => {
+                    for (t, job) in rewriting.drain(..) {
+                        shard.rewrite_failed(t, job.file);
                     }
                 }
                 Step::Pin { lag } => {
