@@ -1,218 +1,482 @@
-//! `retina demo`: the storage engine on a generated workload, end to end on one core.
-//!
-//! Until the node (coordinator, sink, shards) and the query path exist, the demo drives one
-//! shard directly: it replays NewOrder-shaped transactions of order lines, updates and deletes
-//! some of them, flushes blocks and combines files into Parquet, reads snapshots back with VFoR
-//! and runs memory GC, printing what each step did.
+//! `retina demo`: the whole system on a generated CH-benCHmark workload, embedded in one
+//! process. It generates a small CH-benCHmark dataset (the twelve tables of
+//! `bench/ddl/ch.sql`) as Debezium JSON in a temporary directory, starts a node, replays the
+//! initial load through the Debezium sink, then appends the NewOrder / Payment / Delivery stream
+//! to the same file at a steady rate while the node follows it, with a live display of rows
+//! replayed, rows/s, HWM, freshness (a monitor querying `max(fresh_ts)` through the Cap'n Proto
+//! query path every 100 ms) and memory. At the end it runs CH queries through `retina sql`'s path
+//! (the DataFusion connector), prints their results and a summary, and removes the directory
+//! unless `--keep` is given.
 
-use std::time::Instant;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use arrow::array::AsArray;
-use arrow::datatypes::Decimal128Type;
-use futures::executor::block_on;
-use retina_bench::ch::{OrderLines, orderline_schema};
-use retina_storage::file::local_store;
-use retina_storage::{RowOp, Shard, StorageConfig, TableOp, Timestamp, Value};
+use retina_bench::chgen::{ChGen, ChScale, DDL, DebeziumWriter, FreshClock, InsertOp, schemas};
+use retina_node::catalog::Catalog;
+use retina_node::debezium::TxnMode;
+use retina_node::node::{Node, NodeOptions, NodeStatus};
+use retina_node::settings::Settings;
+use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use retina_query::{Format, Retina, write_batches};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Order lines to replay.
-    #[arg(long, default_value_t = 2_000_000)]
-    rows: usize,
+    /// Seconds the change stream runs after the initial load.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Rows per second the change stream is emitted at.
+    #[arg(long, default_value_t = 20_000)]
+    rate: u64,
+    /// Dataset size: `small` (1 warehouse, 300 customers and orders per district, 10,000
+    /// items), `tiny` (for tests) or `tpcc` (1 warehouse at TPC-C's full size).
+    #[arg(long, default_value = "small")]
+    scale: String,
+    /// Replayer shards (default: one per core).
+    #[arg(long)]
+    shards: Option<u16>,
     /// Keep the data directory instead of removing it at the end.
     #[arg(long)]
     keep: bool,
 }
 
-const LINES_PER_TXN: usize = 10;
+/// The CH queries the demo runs at the end, as CH-benCHmark writes them for this schema.
+const QUERIES: [(&str, &str); 3] = [
+    (
+        "CH Q1: delivered order lines by line number",
+        "SELECT ol_number, sum(ol_quantity) AS sum_qty, sum(ol_amount) AS sum_amount, \
+         avg(ol_quantity) AS avg_qty, avg(ol_amount) AS avg_amount, count(*) AS count_order \
+         FROM orderline WHERE ol_delivery_d > TIMESTAMP '2007-01-02 00:00:00' \
+         GROUP BY ol_number ORDER BY ol_number",
+    ),
+    (
+        "CH Q6: revenue of order lines of quantity 1 to 100000",
+        "SELECT sum(ol_amount) AS revenue FROM orderline \
+         WHERE ol_delivery_d >= TIMESTAMP '1999-01-01 00:00:00' \
+         AND ol_delivery_d < TIMESTAMP '2120-01-01 00:00:00' \
+         AND ol_quantity BETWEEN 1 AND 100000",
+    ),
+    (
+        "CH Q3: the ten undelivered orders of customers in states A* with the highest revenue",
+        "SELECT ol_o_id, ol_w_id, ol_d_id, sum(ol_amount) AS revenue, o_entry_d \
+         FROM customer, neworder, orders, orderline \
+         WHERE c_state LIKE 'A%' AND c_id = o_c_id AND c_w_id = o_w_id AND c_d_id = o_d_id \
+         AND no_w_id = o_w_id AND no_d_id = o_d_id AND no_o_id = o_id \
+         AND ol_w_id = o_w_id AND ol_d_id = o_d_id AND ol_o_id = o_id \
+         GROUP BY ol_o_id, ol_w_id, ol_d_id, o_entry_d \
+         ORDER BY revenue DESC, o_entry_d LIMIT 10",
+    ),
+];
+
+/// Rows per load transaction (a snapshot read is replayed in transactions of this size).
+const LOAD_ROWS_PER_TXN: usize = 1000;
+/// How often the display refreshes.
+const DISPLAY_EVERY: Duration = Duration::from_millis(250);
+/// How often the freshness monitor queries.
+const MONITOR_EVERY: Duration = Duration::from_millis(100);
+
+fn scale(name: &str) -> anyhow::Result<ChScale> {
+    Ok(match name {
+        "tiny" => ChScale::tiny(),
+        "small" => ChScale {
+            customers_per_district: 300,
+            orders_per_district: 300,
+            undelivered_per_district: 90,
+            items: 10_000,
+            suppliers: 1000,
+            ..ChScale::tpcc(1)
+        },
+        "tpcc" => ChScale::tpcc(1),
+        other => anyhow::bail!("unknown scale `{other}`: small, tiny or tpcc"),
+    })
+}
+
+/// What the stream writer and the monitor report to the display.
+#[derive(Default)]
+struct Progress {
+    /// Source transactions written to the change file.
+    txns_written: AtomicU64,
+    /// Freshness samples in milliseconds.
+    freshness_ms: Mutex<Vec<f64>>,
+}
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let scale = scale(&args.scale)?;
     let dir = tempfile::Builder::new()
         .prefix("retina-demo-")
         .tempdir()
         .context("creating the demo directory")?;
-    let store = local_store(dir.path())?;
-    let config = StorageConfig {
-        file_rows: 1 << 19,
-        ..StorageConfig::default()
+    let path = dir.path();
+    let started = Instant::now();
+    println!("retina demo: CH-benCHmark, replayed into Parquet, queried while it changes");
+    println!("  files in {}", path.display());
+
+    // 1. The dataset: DDL and the initial load as Debezium snapshot reads.
+    std::fs::write(path.join("ch.sql"), DDL)?;
+    let changes = path.join("changes.json");
+    let mut generator = ChGen::new(scale, 42);
+    let mut writer = DebeziumWriter::new(schemas());
+    let (load_txns, load_rows) = {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&changes)?);
+        let (mut txns, mut rows) = (0u64, 0u64);
+        while let Some(txn) = generator.next_load_txn(LOAD_ROWS_PER_TXN) {
+            writer.write_txn(&mut out, &txn, InsertOp::Read)?;
+            txns += 1;
+            rows += txn.len() as u64;
+        }
+        out.flush()?;
+        (txns, rows)
     };
-    let mut shard = Shard::new(0, config)?;
-    let schema = orderline_schema();
-    let t = shard.add_table(schema.clone());
     println!(
-        "retina demo: one storage shard, table `orderline`, data in {}",
-        dir.path().display()
+        "  generated the initial load: {load_rows} rows in 12 tables ({:.0} MiB of Debezium JSON)",
+        std::fs::metadata(&changes)?.len() as f64 / (1 << 20) as f64
     );
 
-    // 1. Replay: transactions of order lines, in timestamp order.
-    let rows: Vec<Vec<Value>> = OrderLines::new(42, 10).take(args.rows).collect();
-    let txns: Vec<Vec<_>> = rows
-        .chunks(LINES_PER_TXN)
-        .map(|c| {
-            c.iter()
-                .map(|r| TableOp {
-                    table: t,
-                    op: RowOp::Insert(r.clone()),
-                })
-                .collect()
-        })
-        .collect();
-    let mut ts = Timestamp::GENESIS;
-    let secs = replay(&mut shard, &mut ts, txns)?;
-    println!(
-        "replayed {} rows in {} transactions: {:.0} rows/s ({:.2} s)",
-        rows.len(),
-        ts.get() - 1,
-        rows.len() as f64 / secs,
-        secs
+    // 2. A node following the change file.
+    let settings = Settings {
+        shards: args.shards.unwrap_or(0),
+        // Small files, so the demo's few hundred thousand rows become Parquet files and GC
+        // has something to do within a minute.
+        block_rows: 8192,
+        row_group_rows: 16_384,
+        file_rows: 65_536,
+        gc_interval_ms: 5000,
+        ..Settings::default()
+    };
+    let shards = settings.shard_count();
+    let checkpoint_interval = Duration::from_millis(settings.checkpoint_interval_ms);
+    let (max_group_txns, group_commit_interval) = (
+        settings.max_group_txns,
+        Duration::from_millis(settings.group_commit_interval_ms),
     );
-    let after_inserts = ts;
+    let node = Node::start(NodeOptions {
+        data_dir: path.join("data"),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "ch.sql")?),
+        settings,
+        listen: Some("127.0.0.1:0".parse()?),
+        auth_token: None,
+        await_source: false,
+    })?;
+    let addr = node.coordinator_addr().expect("the node listens");
+    let handle = node.handle().clone();
+    let status = handle.status().clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sink = {
+        let (handle, stop) = (handle.clone(), stop.clone());
+        let options = SinkOptions {
+            source: SourceSpec::File(changes.clone()),
+            follow: true,
+            mode: TxnMode::Metadata,
+            on_error: OnError::Stop,
+            dead_letter: path.join("data/dead-letter.jsonl"),
+            max_group_txns,
+            group_commit_interval,
+            checkpoint_interval: Some(checkpoint_interval),
+        };
+        std::thread::Builder::new()
+            .name("retina-sink".into())
+            .spawn(move || run_sink(&handle, &options, &stop))?
+    };
+    println!("  node: {shards} shards, queries on {addr} (Cap'n Proto)");
+    let load_start = Instant::now();
+    wait_applied(&status, load_txns, Duration::from_secs(300))?;
+    let load_s = load_start.elapsed().as_secs_f64();
+    println!(
+        "  replayed the load in {load_s:.1} s ({:.0} rows/s)",
+        load_rows as f64 / load_s
+    );
 
-    // 2. Updates (deliveries set ol_delivery_d) and deletes, as their own transactions.
-    let updates = rows.chunks(LINES_PER_TXN).step_by(4).map(|c| {
-        c.iter()
-            .map(|r| {
-                let mut after = r.clone();
-                after[6] = Value::Timestamp(1_767_300_000_000_000);
-                TableOp {
-                    table: t,
-                    op: RowOp::Update {
-                        before: r.clone(),
-                        after,
-                    },
+    // 3. The change stream at a steady rate, with the monitor and the live display.
+    let progress = Arc::new(Progress::default());
+    let stream_end = Instant::now() + Duration::from_secs(args.seconds);
+    let stream = {
+        let progress = progress.clone();
+        let changes = changes.clone();
+        let rate = args.rate;
+        std::thread::Builder::new()
+            .name("retina-demo-source".into())
+            .spawn(move || -> anyhow::Result<()> {
+                let mut out = std::fs::OpenOptions::new().append(true).open(&changes)?;
+                let mut clock = FreshClock::Wall;
+                let start = Instant::now();
+                let mut buf = Vec::with_capacity(1 << 20);
+                let mut rows = 0u64;
+                while Instant::now() < stream_end {
+                    let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                    if rows >= due {
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    buf.clear();
+                    while rows < due {
+                        let txn = generator.next_txn(clock.now_us());
+                        writer.write_txn(&mut buf, &txn, InsertOp::Create)?;
+                        rows += txn.len() as u64;
+                        progress.txns_written.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Whole transactions at a time: the sink never reads half of one.
+                    out.write_all(&buf)?;
                 }
-            })
-            .collect::<Vec<_>>()
-    });
-    let deletes = rows.chunks(LINES_PER_TXN).skip(1).step_by(10).map(|c| {
-        c.iter()
-            .map(|r| TableOp {
-                table: t,
-                op: RowOp::Delete(r.clone()),
-            })
-            .collect::<Vec<_>>()
-    });
-    let txns: Vec<_> = updates.chain(deletes).collect();
-    let changed: usize = txns.iter().map(|t| t.len()).sum();
-    let secs = replay(&mut shard, &mut ts, txns)?;
-    println!(
-        "updated and deleted {changed} rows: {:.0} rows/s",
-        changed as f64 / secs
-    );
-    print_memory(&shard);
+                Ok(())
+            })?
+    };
+    let monitor = {
+        let progress = progress.clone();
+        std::thread::Builder::new()
+            .name("retina-demo-monitor".into())
+            .spawn(move || monitor_freshness(addr, &progress, stream_end))?
+    };
+    let rows_before = status.rows_applied.load(Ordering::Relaxed);
+    display(&status, &progress, args.seconds, stream_end);
+    stream
+        .join()
+        .map_err(|_| anyhow::anyhow!("the stream writer panicked"))??;
+    monitor
+        .join()
+        .map_err(|_| anyhow::anyhow!("the monitor panicked"))??;
+    let stream_txns = progress.txns_written.load(Ordering::Relaxed);
+    wait_applied(&status, load_txns + stream_txns, Duration::from_secs(120))?;
+    let stream_rows = status.rows_applied.load(Ordering::Relaxed) - rows_before;
 
-    // 3. Flush full blocks and combine full virtual files into Parquet.
-    let start = Instant::now();
-    block_on(shard.flush_and_combine(store.as_ref()))?;
-    block_on(shard.flush_and_combine(store.as_ref()))?;
-    println!(
-        "flushed and combined into Parquet in {:.2} s: {} files, {:.1} MiB",
-        start.elapsed().as_secs_f64(),
-        count_files(dir.path(), "parquet"),
-        dir_bytes(dir.path()) as f64 / (1 << 20) as f64
-    );
-
-    // 4. Snapshot reads with VFoR: the same table at three points in time.
-    for (label, at) in [
-        ("after the first transaction", Timestamp::new(2)?),
-        ("after the inserts", after_inserts),
-        ("now", ts),
-    ] {
-        let start = Instant::now();
-        let snap = shard.snapshot(t, at)?;
-        let batches = block_on(snap.read(store.as_ref(), Some(&[8])))?;
-        let visible: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let amount: i128 = batches
-            .iter()
-            .map(|b| {
-                b.column(0)
-                    .as_primitive::<Decimal128Type>()
-                    .values()
-                    .iter()
-                    .sum::<i128>()
-            })
-            .sum();
+    // 4. CH queries through the DataFusion connector, at one snapshot.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let retina = Retina::connect(addr, "")?;
+        let session = retina.begin().await?;
         println!(
-            "snapshot {at:>7} ({label}): {visible:>8} rows visible, sum(ol_amount) = {}.{:02}, read in {:.0} ms",
-            amount / 100,
-            amount % 100,
-            start.elapsed().as_secs_f64() * 1e3
+            "\nCH queries at snapshot {} (every transaction replayed so far):",
+            session.snapshot()
         );
+        for (title, sql) in QUERIES {
+            let start = Instant::now();
+            let batches = session.collect(sql).await?;
+            println!(
+                "\n{title} ({:.1} ms)",
+                start.elapsed().as_secs_f64() * 1000.0
+            );
+            write_batches(&mut std::io::stdout().lock(), Format::Table, &batches)?;
+        }
+        anyhow::Ok(())
+    })?;
+
+    // 5. Summary.
+    let mut fresh = progress
+        .freshness_ms
+        .lock()
+        .expect("freshness lock")
+        .clone();
+    fresh.sort_by(f64::total_cmp);
+    let pct = |p: usize| {
+        fresh
+            .get((fresh.len() * p / 100).min(fresh.len().saturating_sub(1)))
+            .copied()
+    };
+    let parquet = count_parquet(&path.join("data/lake/tables"));
+    println!("\nsummary");
+    println!(
+        "  load:   {load_rows} rows in {load_txns} transactions, {load_s:.1} s ({:.0} rows/s)",
+        load_rows as f64 / load_s
+    );
+    println!(
+        "  stream: {stream_rows} rows in {stream_txns} transactions over {} s at {} rows/s asked",
+        args.seconds, args.rate
+    );
+    match (pct(50), pct(99)) {
+        (Some(p50), Some(p99)) => println!(
+            "  freshness (query start - newest fresh_ts, {} samples): P50 {p50:.1} ms, P99 {p99:.1} ms",
+            fresh.len()
+        ),
+        _ => println!("  freshness: no sample"),
+    }
+    println!(
+        "  HWM {}, {parquet} Parquet files, checkpoint {}, {} GC runs, {} files rewritten by storage GC, {:.0} MiB resident",
+        status.hwm.load(Ordering::Relaxed),
+        status.checkpoint_id.load(Ordering::Relaxed),
+        status.gc_runs.load(Ordering::Relaxed),
+        status.files_rewritten.load(Ordering::Relaxed),
+        rss_mib()
+    );
+    if let Some(e) = status.error() {
+        println!("  replay stopped: {e}");
     }
 
-    // 5. Memory GC: fold deletes into base bitmaps, drop index versions nothing can see.
-    let dropped = shard.gc(ts);
-    println!("memory GC at {ts}: dropped {dropped} index versions");
-    print_memory(&shard);
-    let (stored, deleted) = shard.row_counts(t)?;
-    println!(
-        "rows stored {stored}, deleted {deleted}, live keys {}",
-        shard.live_keys(t)?
-    );
-
+    stop.store(true, Ordering::Relaxed);
+    let _ = sink.join();
+    node.shutdown();
+    println!("  done in {:.0} s", started.elapsed().as_secs_f64());
     if args.keep {
         let kept = dir.keep();
-        println!("kept the data in {}", kept.display());
+        println!(
+            "  kept {}: ch.sql, changes.json (Debezium JSON), data/lake/tables/*/*.parquet (read them \
+             with any Parquet reader), data/checkpoints",
+            kept.display()
+        );
     } else {
         println!(
-            "removed {} (pass --keep to look at the files)",
-            dir.path().display()
+            "  removed {} (pass --keep to look at the files)",
+            path.display()
         );
     }
     Ok(())
 }
 
-/// Applies each transaction at the next timestamp; the seconds it took.
-fn replay(
-    shard: &mut Shard,
-    ts: &mut Timestamp,
-    txns: Vec<Vec<TableOp<Vec<Value>>>>,
-) -> anyhow::Result<f64> {
+/// Waits until `txns` source transactions are visible, or says what stopped replay.
+fn wait_applied(status: &NodeStatus, txns: u64, timeout: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
-    for ops in &txns {
-        *ts = ts.next()?;
-        shard.apply(*ts, ops)?;
+    while status.txns_applied.load(Ordering::Acquire) < txns {
+        if let Some(e) = status.error() {
+            anyhow::bail!("replay stopped: {e}");
+        }
+        anyhow::ensure!(
+            start.elapsed() < timeout,
+            "replay did not reach {txns} transactions in {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
-    Ok(start.elapsed().as_secs_f64())
+    Ok(())
 }
 
-fn print_memory(shard: &Shard) {
-    let m = shard.memory();
-    let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    println!(
-        "memory: index {:.1} MiB, write buffer {:.1} MiB, visibility {:.2} MiB",
-        mib(m.index_bytes),
-        mib(m.write_buffer_bytes),
-        mib(m.visibility_bytes)
-    );
-}
-
-fn walk(dir: &std::path::Path, f: &mut dyn FnMut(&std::path::Path)) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, f);
-            } else {
-                f(&p);
+/// Every 100 ms until `end`: `SELECT max(fresh_ts) FROM district` through the connector;
+/// freshness is the time the query's snapshot was fixed minus the newest `fresh_ts` it saw.
+fn monitor_freshness(
+    addr: std::net::SocketAddr,
+    progress: &Progress,
+    end: Instant,
+) -> anyhow::Result<()> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::TimestampMicrosecondType;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let started = now_us();
+    runtime.block_on(async {
+        let retina = Retina::connect(addr, "")?;
+        while Instant::now() < end {
+            tokio::time::sleep(MONITOR_EVERY).await;
+            let session = retina.begin().await?;
+            let at = now_us();
+            let batches = session
+                .collect("SELECT max(fresh_ts) FROM district")
+                .await?;
+            let newest = batches
+                .iter()
+                .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+                .map(|b| {
+                    b.column(0)
+                        .as_primitive::<TimestampMicrosecondType>()
+                        .value(0)
+                })
+                .max();
+            // Until a district row of the stream is visible, max(fresh_ts) is the load's.
+            if let Some(newest) = newest.filter(|&n| n >= started) {
+                progress
+                    .freshness_ms
+                    .lock()
+                    .expect("freshness lock")
+                    .push((at - newest) as f64 / 1000.0);
             }
         }
+        anyhow::Ok(())
+    })
+}
+
+/// The live display until `end`: one line redrawn in place on a terminal, a line every five
+/// seconds otherwise.
+fn display(status: &NodeStatus, progress: &Progress, seconds: u64, end: Instant) {
+    let terminal = std::io::stdout().is_terminal();
+    let start = Instant::now();
+    let (mut last_rows, mut last_at) = (status.rows_applied.load(Ordering::Relaxed), start);
+    let mut rate = 0.0;
+    let mut last_line = start;
+    while Instant::now() < end {
+        std::thread::sleep(DISPLAY_EVERY);
+        let rows = status.rows_applied.load(Ordering::Relaxed);
+        let dt = last_at.elapsed().as_secs_f64();
+        if dt >= 1.0 {
+            rate = (rows - last_rows) as f64 / dt;
+            (last_rows, last_at) = (rows, Instant::now());
+        }
+        let (p50, p99) = {
+            let mut f = progress
+                .freshness_ms
+                .lock()
+                .expect("freshness lock")
+                .clone();
+            f.sort_by(f64::total_cmp);
+            let at = |p: usize| f.get((f.len() * p / 100).min(f.len().saturating_sub(1)));
+            (at(50).copied(), at(99).copied())
+        };
+        let memory: u64 = status
+            .shard_memory
+            .iter()
+            .map(|m| {
+                m.index_bytes.load(Ordering::Relaxed)
+                    + m.write_buffer_bytes.load(Ordering::Relaxed)
+                    + m.visibility_bytes.load(Ordering::Relaxed)
+            })
+            .sum();
+        let done = (start.elapsed().as_secs_f64() / seconds.max(1) as f64).min(1.0);
+        const WIDTH: usize = 24;
+        let filled = (done * WIDTH as f64) as usize;
+        let bar = format!("{}{}", "#".repeat(filled), ".".repeat(WIDTH - filled));
+        let fresh = match (p50, p99) {
+            (Some(a), Some(b)) => format!("{a:.1}/{b:.1} ms"),
+            _ => "-".into(),
+        };
+        let line = format!(
+            "[{bar}] {:>9} rows replayed  {:>7.0} rows/s  HWM {:>8}  freshness P50/P99 {fresh:>14}  memory {:>5.1} MiB (RSS {:.0} MiB)",
+            rows,
+            rate,
+            status.hwm.load(Ordering::Relaxed),
+            memory as f64 / (1 << 20) as f64,
+            rss_mib()
+        );
+        if terminal {
+            print!("\r{line}");
+            let _ = std::io::stdout().flush();
+        } else if last_line.elapsed() >= Duration::from_secs(5) {
+            println!("{line}");
+            last_line = Instant::now();
+        }
+    }
+    if terminal {
+        println!();
     }
 }
 
-fn count_files(dir: &std::path::Path, ext: &str) -> usize {
-    let mut n = 0;
-    walk(dir.join("tables").as_path(), &mut |p| {
-        if p.extension().is_some_and(|e| e == ext) && !p.to_string_lossy().contains("/buffer/") {
-            n += 1;
-        }
-    });
-    n
+/// Parquet files under `dir` (combined files, not write-buffer blocks).
+fn count_parquet(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|table| {
+            std::fs::read_dir(table.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.path().extension().is_some_and(|e| e == "parquet"))
+                .count()
+        })
+        .sum()
 }
 
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    let mut n = 0;
-    walk(dir, &mut |p| n += p.metadata().map_or(0, |m| m.len()));
-    n
+/// This process's resident memory.
+fn rss_mib() -> f64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages as f64 * 4096.0 / (1 << 20) as f64
+}
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }

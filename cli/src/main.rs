@@ -35,8 +35,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs the storage engine on a generated CH-benCHmark order-line stream in a temporary
-    /// directory and shows what it does: replay, flushes into Parquet, snapshot reads, GC.
+    /// Runs everything embedded on a generated CH-benCHmark workload in a temporary directory:
+    /// a node replays the load and a steady change stream (Debezium JSON), with live rows/s,
+    /// HWM, freshness and memory, then CH queries through the SQL connector and a summary.
     Demo(demo::DemoArgs),
     /// Runs a node: replays a Debezium JSON source into Parquet until stopped (SIGTERM, Ctrl-C).
     Serve(serve::ServeArgs),
