@@ -1,7 +1,10 @@
 //! Retina's workloads and measurement helpers: CH-benCHmark-shaped rows for the storage
-//! microbenchmarks (`ch`), the CH-benCHmark generator (`chgen`: load, change stream, self-check,
-//! Debezium JSON) and a JSON-lines results writer.
+//! microbenchmarks (`ch`), the CH-benCHmark and HyBench generators (`chgen`, `hybench`: load,
+//! change stream), what they share (`workload`: self-check, Debezium JSON, the `fresh_ts`
+//! clock) and a JSON-lines results writer.
 
 pub mod ch;
 pub mod chgen;
+pub mod hybench;
 pub mod results;
+pub mod workload;
