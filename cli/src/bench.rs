@@ -25,6 +25,25 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand)]
 enum BenchCommand {
+    /// Writes a generated workload to a folder: its DDL (`schema.sql`) and its initial load and
+    /// change stream as Debezium JSON lines (`changes.json`, load first, ready for `retina serve
+    /// --schema DIR/schema.sql --source file:DIR/changes.json`), and prints the stream's
+    /// self-check (rows per transaction, c/u/d shares, per-table shares).
+    Generate {
+        /// `ch` (CH-benCHmark) or `hybench`.
+        workload: String,
+        /// `tiny`, or a scale: warehouses for `ch`, the scale factor for `hybench`.
+        #[arg(long, default_value = "tiny")]
+        scale: String,
+        /// Change-stream transactions after the load.
+        #[arg(long, default_value_t = 10_000)]
+        txns: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// The folder to write to (created if missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Replay throughput with each shard count, from Debezium JSON and from pre-encoded batches.
     Replay {
         /// Shard counts to measure, comma-separated.
@@ -111,6 +130,13 @@ enum BenchCommand {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
+        BenchCommand::Generate {
+            workload,
+            scale,
+            txns,
+            seed,
+            out,
+        } => generate(&workload, &scale, txns, seed, &out),
         BenchCommand::Replay {
             shards,
             warehouses,
@@ -140,6 +166,57 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         } => gc(&intervals_ms, seconds, rate, shards),
         BenchCommand::Recovery { rows, shards } => recovery(&rows, shards),
     }
+}
+
+fn generate(
+    workload: &str,
+    scale: &str,
+    txns: usize,
+    seed: u64,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    use retina_bench::{chgen, hybench, workload::SelfCheck};
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let number = || -> anyhow::Result<i64> {
+        scale
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--scale `{scale}`: `tiny` or a positive number"))
+    };
+    let json = out.join("changes.json");
+    let mut file = BufWriter::new(
+        std::fs::File::create(&json).with_context(|| format!("creating {}", json.display()))?,
+    );
+    let (ddl, check) = match workload {
+        "ch" => {
+            let s = match scale {
+                "tiny" => chgen::ChScale::tiny(),
+                _ => chgen::ChScale::tpcc(number()?),
+            };
+            let w = chgen::generate(s, seed, txns);
+            w.write_debezium(&mut file)?;
+            (chgen::DDL, SelfCheck::of(&chgen::schemas(), &w.stream))
+        }
+        "hybench" => {
+            let s = match scale {
+                "tiny" => hybench::HyScale::tiny(),
+                _ => hybench::HyScale::sf(number()?),
+            };
+            let w = hybench::generate(s, seed, txns);
+            w.write_debezium(&mut file)?;
+            (hybench::DDL, SelfCheck::of(&hybench::schemas(), &w.stream))
+        }
+        other => anyhow::bail!("unknown workload `{other}`: ch or hybench"),
+    };
+    std::io::Write::flush(&mut file)?;
+    std::fs::write(out.join("schema.sql"), ddl)?;
+    println!(
+        "{workload} at scale {scale}, seed {seed}: {} and {} ({:.0} MiB)",
+        out.join("schema.sql").display(),
+        json.display(),
+        std::fs::metadata(&json)?.len() as f64 / (1 << 20) as f64
+    );
+    println!("the change stream's self-check:\n{check}");
+    Ok(())
 }
 
 fn replay(
