@@ -21,7 +21,7 @@ use crate::ch::nurand;
 pub use crate::workload::{
     DebeziumWriter, FreshClock, InsertOp, LOAD_US, SelfCheck, TableCounts, Txn,
 };
-use crate::workload::{decimal, insert, int, update};
+use crate::workload::{QueuedLoad, decimal, insert, int, update, write_load_and_stream};
 
 /// The twelve tables, as `Catalog::from_ddl` reads them; [`schemas`] builds the same.
 pub const DDL: &str = include_str!("../ddl/ch.sql");
@@ -470,6 +470,25 @@ fn state(rng: &mut SmallRng) -> String {
         .collect()
 }
 
+/// TPC-C's address columns: street 1 and 2, city, state, zip.
+fn address(rng: &mut SmallRng) -> [Value; 5] {
+    [
+        Value::Utf8(astring(rng, 10, 20)),
+        Value::Utf8(astring(rng, 10, 20)),
+        Value::Utf8(astring(rng, 10, 20)),
+        Value::Utf8(state(rng)),
+        Value::Utf8(zip(rng)),
+    ]
+}
+
+/// A warehouse's or a district's name, address and tax.
+fn name_address_tax(rng: &mut SmallRng) -> Vec<Value> {
+    let mut row = vec![Value::Utf8(astring(rng, 6, 10))];
+    row.extend(address(rng));
+    row.push(Value::Decimal(rng.random_range(0..=2000)));
+    row
+}
+
 /// TPC-C's `i_data` / `s_data`: 26..50 characters, 10% with "ORIGINAL" somewhere inside.
 fn data_original(rng: &mut SmallRng) -> String {
     let mut s = astring(rng, 26, 50);
@@ -487,6 +506,45 @@ fn last_name(n: i64) -> String {
         .iter()
         .map(|&s| SYLLABLES[s])
         .collect()
+}
+
+impl QueuedLoad for ChGen {
+    fn load_queue(&mut self) -> &mut VecDeque<TableOp<Vec<Value>>> {
+        &mut self.queue
+    }
+
+    fn load_generated(&self) -> bool {
+        self.stage == LoadStage::Done
+    }
+
+    fn load_next_unit(&mut self) {
+        let s = self.scale;
+        self.stage = match self.stage {
+            LoadStage::Fixed => {
+                self.load_fixed();
+                LoadStage::Items
+            }
+            LoadStage::Items => {
+                self.load_items();
+                LoadStage::Warehouse(1)
+            }
+            LoadStage::Warehouse(w) => {
+                self.load_warehouse(w);
+                LoadStage::District(w, 1)
+            }
+            LoadStage::District(w, d) => {
+                self.load_district(w, d);
+                if d < s.districts_per_warehouse {
+                    LoadStage::District(w, d + 1)
+                } else if w < s.warehouses {
+                    LoadStage::Warehouse(w + 1)
+                } else {
+                    LoadStage::Done
+                }
+            }
+            LoadStage::Done => LoadStage::Done,
+        };
+    }
 }
 
 impl ChGen {
@@ -541,56 +599,12 @@ impl ChGen {
     /// per district customers, history, orders, order lines, new orders). `None` once the
     /// load is complete.
     pub fn next_load_txn(&mut self, rows_per_txn: usize) -> Option<Txn> {
-        assert!(
-            rows_per_txn > 0,
-            "a load transaction holds at least one row"
-        );
-        while self.queue.len() < rows_per_txn && self.stage != LoadStage::Done {
-            self.load_next_unit();
-        }
-        if self.queue.is_empty() {
-            return None;
-        }
-        let n = rows_per_txn.min(self.queue.len());
-        Some(self.queue.drain(..n).collect())
+        QueuedLoad::next_load_txn(self, rows_per_txn)
     }
 
     /// The whole initial load, in transactions of `rows_per_txn` inserts.
     pub fn load(&mut self, rows_per_txn: usize) -> Vec<Txn> {
-        std::iter::from_fn(|| self.next_load_txn(rows_per_txn)).collect()
-    }
-
-    fn load_done(&self) -> bool {
-        self.stage == LoadStage::Done && self.queue.is_empty()
-    }
-
-    fn load_next_unit(&mut self) {
-        let s = self.scale;
-        self.stage = match self.stage {
-            LoadStage::Fixed => {
-                self.load_fixed();
-                LoadStage::Items
-            }
-            LoadStage::Items => {
-                self.load_items();
-                LoadStage::Warehouse(1)
-            }
-            LoadStage::Warehouse(w) => {
-                self.load_warehouse(w);
-                LoadStage::District(w, 1)
-            }
-            LoadStage::District(w, d) => {
-                self.load_district(w, d);
-                if d < s.districts_per_warehouse {
-                    LoadStage::District(w, d + 1)
-                } else if w < s.warehouses {
-                    LoadStage::Warehouse(w + 1)
-                } else {
-                    LoadStage::Done
-                }
-            }
-            LoadStage::Done => LoadStage::Done,
-        };
+        QueuedLoad::load(self, rows_per_txn)
     }
 
     fn load_fixed(&mut self) {
@@ -669,18 +683,9 @@ impl ChGen {
     fn load_warehouse(&mut self, w: i64) {
         let rng = &mut self.load_rng;
         let fresh = Value::Timestamp(LOAD_US);
-        let row = vec![
-            Value::Int(w),
-            Value::Utf8(astring(rng, 6, 10)),
-            Value::Utf8(astring(rng, 10, 20)),
-            Value::Utf8(astring(rng, 10, 20)),
-            Value::Utf8(astring(rng, 10, 20)),
-            Value::Utf8(state(rng)),
-            Value::Utf8(zip(rng)),
-            Value::Decimal(rng.random_range(0..=2000)),
-            Value::Decimal(30_000_000),
-            fresh.clone(),
-        ];
+        let mut row = vec![Value::Int(w)];
+        row.extend(name_address_tax(rng));
+        row.extend([Value::Decimal(30_000_000), fresh.clone()]);
         self.model.warehouses.push(row.clone());
         self.queue.push_back(insert(table::WAREHOUSE, row));
         for i in 1..=self.scale.items {
@@ -701,20 +706,13 @@ impl ChGen {
             self.queue.push_back(insert(table::STOCK, row));
         }
         for d in 1..=self.scale.districts_per_warehouse {
-            let row = vec![
-                Value::Int(d),
-                Value::Int(w),
-                Value::Utf8(astring(rng, 6, 10)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(state(rng)),
-                Value::Utf8(zip(rng)),
-                Value::Decimal(rng.random_range(0..=2000)),
+            let mut row = vec![Value::Int(d), Value::Int(w)];
+            row.extend(name_address_tax(rng));
+            row.extend([
                 Value::Decimal(3_000_000),
                 Value::Int(self.scale.orders_per_district + 1),
                 fresh.clone(),
-            ];
+            ]);
             self.model.districts.push(row.clone());
             self.queue.push_back(insert(table::DISTRICT, row));
         }
@@ -736,18 +734,16 @@ impl ChGen {
             } else {
                 "GC"
             };
-            let row = vec![
+            let mut row = vec![
                 Value::Int(c),
                 Value::Int(d),
                 Value::Int(w),
                 Value::Utf8(astring(rng, 8, 16)),
                 Value::Utf8("OE".into()),
                 Value::Utf8(last_name(last)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(astring(rng, 10, 20)),
-                Value::Utf8(state(rng)),
-                Value::Utf8(zip(rng)),
+            ];
+            row.extend(address(rng));
+            row.extend([
                 Value::Utf8(nstring(rng, 16, 16)),
                 Value::Timestamp(LOAD_US),
                 Value::Utf8(credit.into()),
@@ -759,7 +755,7 @@ impl ChGen {
                 Value::Int(0),
                 Value::Utf8(astring(rng, 300, 500)),
                 fresh.clone(),
-            ];
+            ]);
             self.model.customers.push(row.clone());
             self.queue.push_back(insert(table::CUSTOMER, row));
             let h_id = self.model.next_h_id;
@@ -850,10 +846,7 @@ impl ChGen {
     /// nothing and the next draw is taken. The rest of the load, if it was not drained, is
     /// generated (and dropped) first, since the stream updates the load's rows.
     pub fn next_txn(&mut self, now_us: i64) -> Txn {
-        while !self.load_done() {
-            self.queue.clear();
-            self.load_next_unit();
-        }
+        self.finish_load();
         loop {
             if let Some(delivery) = self.delivery {
                 if let Some(txn) = self.delivery_district(delivery, now_us) {
@@ -1149,14 +1142,12 @@ impl ChWorkload {
     /// Debezium JSON lines: the load as snapshot reads (`r`) and then the stream, every
     /// transaction between BEGIN and END, ids counting from 1 across both.
     pub fn write_debezium(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let mut w = DebeziumWriter::new(schemas());
-        for txn in &self.load {
-            w.write_txn(out, txn, InsertOp::Read)?;
-        }
-        for txn in &self.stream {
-            w.write_txn(out, txn, InsertOp::Create)?;
-        }
-        Ok(())
+        write_load_and_stream(
+            DebeziumWriter::new(schemas()),
+            out,
+            &self.load,
+            &self.stream,
+        )
     }
 }
 

@@ -57,12 +57,12 @@ use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use retina_storage::{ColumnDef, ColumnType, TableSchema, Value};
+use retina_storage::{ColumnDef, ColumnType, TableId, TableOp, TableSchema, Value};
 
 pub use crate::workload::{
     DebeziumWriter, FreshClock, InsertOp, LOAD_US, SelfCheck, TableCounts, Txn,
 };
-use crate::workload::{decimal, insert, int, update};
+use crate::workload::{QueuedLoad, decimal, insert, int, update, write_load_and_stream};
 
 /// The eight tables, as `Catalog::from_ddl` reads them; [`schemas`] builds the same.
 pub const DDL: &str = include_str!("../ddl/hybench.sql");
@@ -415,6 +415,17 @@ struct Model {
     next_loantrans_id: i64,
 }
 
+impl Model {
+    /// The saving (or checking) account rows and their table.
+    fn accounts(&mut self, saving: bool) -> (&mut Vec<Vec<Value>>, TableId) {
+        if saving {
+            (&mut self.saving, table::SAVING_ACCOUNT)
+        } else {
+            (&mut self.checking, table::CHECKING_ACCOUNT)
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum LoadStage {
     Customers(i64),
@@ -437,7 +448,7 @@ pub struct HyGen {
     load_rng: SmallRng,
     rng: SmallRng,
     stage: LoadStage,
-    queue: VecDeque<retina_storage::TableOp<Vec<Value>>>,
+    queue: VecDeque<TableOp<Vec<Value>>>,
     model: Model,
     counts: TxnCounts,
 }
@@ -557,12 +568,102 @@ fn timestamp(v: &Value) -> i64 {
     }
 }
 
+/// An account id in `1..=accounts` other than `id`.
+fn other_account(rng: &mut SmallRng, accounts: i64, id: i64) -> i64 {
+    loop {
+        let other = rng.random_range(1..=accounts);
+        if other != id {
+            return other;
+        }
+    }
+}
+
+/// A `transfer` or `checking` row.
+fn movement(
+    id: i64,
+    source: i64,
+    target: i64,
+    amount: i128,
+    kind: &str,
+    ts: i64,
+    fresh: i64,
+) -> Vec<Value> {
+    vec![
+        Value::Int(id),
+        Value::Int(source),
+        Value::Int(target),
+        Value::Decimal(amount),
+        utf8(kind),
+        Value::Timestamp(ts),
+        Value::Timestamp(fresh),
+    ]
+}
+
 /// The first entry at or after a uniformly drawn key (HyBench's `ORDER BY RANDOM() LIMIT 1`).
 fn random_entry(rng: &mut SmallRng, map: &BTreeMap<i64, Vec<Value>>) -> Option<i64> {
     let (&first, _) = map.first_key_value()?;
     let (&last, _) = map.last_key_value()?;
     let at = rng.random_range(first..=last);
     map.range(at..).next().map(|(&k, _)| k)
+}
+
+impl QueuedLoad for HyGen {
+    fn load_queue(&mut self) -> &mut VecDeque<TableOp<Vec<Value>>> {
+        &mut self.queue
+    }
+
+    fn load_generated(&self) -> bool {
+        self.stage == LoadStage::Done
+    }
+
+    /// Generates up to [`LOAD_UNIT_ROWS`] rows of the current table from id `from`, and
+    /// returns the next stage.
+    fn load_next_unit(&mut self) {
+        let s = self.scale;
+        let unit = |from: i64, total: i64| (from..=total.min(from + LOAD_UNIT_ROWS - 1), total);
+        let next = |from: i64, total: i64, this: fn(i64) -> LoadStage, then: LoadStage| {
+            let to = from + LOAD_UNIT_ROWS;
+            if to <= total { this(to) } else { then }
+        };
+        self.stage = match self.stage {
+            LoadStage::Customers(from) => {
+                let (ids, total) = unit(from, s.customers);
+                ids.for_each(|id| self.load_customer(id));
+                next(from, total, LoadStage::Customers, LoadStage::Companies(1))
+            }
+            LoadStage::Companies(from) => {
+                let (ids, total) = unit(from, s.companies);
+                ids.for_each(|i| self.load_company(s.customers + i));
+                next(from, total, LoadStage::Companies, LoadStage::Saving(1))
+            }
+            LoadStage::Saving(from) => {
+                let (ids, total) = unit(from, s.accounts());
+                ids.for_each(|id| self.load_account(id, true));
+                next(from, total, LoadStage::Saving, LoadStage::Checking(1))
+            }
+            LoadStage::Checking(from) => {
+                let (ids, total) = unit(from, s.accounts());
+                ids.for_each(|id| self.load_account(id, false));
+                next(from, total, LoadStage::Checking, LoadStage::Transfers(1))
+            }
+            LoadStage::Transfers(from) => {
+                let (ids, total) = unit(from, s.transfers);
+                ids.for_each(|id| self.load_transfer(id));
+                next(from, total, LoadStage::Transfers, LoadStage::Cheques(1))
+            }
+            LoadStage::Cheques(from) => {
+                let (ids, total) = unit(from, s.checkings);
+                ids.for_each(|id| self.load_cheque(id));
+                next(from, total, LoadStage::Cheques, LoadStage::Loans(1))
+            }
+            LoadStage::Loans(from) => {
+                let (ids, total) = unit(from, s.loans);
+                ids.for_each(|id| self.load_loan(id));
+                next(from, total, LoadStage::Loans, LoadStage::Done)
+            }
+            LoadStage::Done => LoadStage::Done,
+        };
+    }
 }
 
 impl HyGen {
@@ -609,84 +710,12 @@ impl HyGen {
     /// The next transaction of the initial load: up to `rows_per_txn` inserts, table by table
     /// in id order. `None` once the load is complete.
     pub fn next_load_txn(&mut self, rows_per_txn: usize) -> Option<Txn> {
-        assert!(
-            rows_per_txn > 0,
-            "a load transaction holds at least one row"
-        );
-        while self.queue.len() < rows_per_txn && self.stage != LoadStage::Done {
-            self.load_next_unit();
-        }
-        if self.queue.is_empty() {
-            return None;
-        }
-        let n = rows_per_txn.min(self.queue.len());
-        Some(self.queue.drain(..n).collect())
+        QueuedLoad::next_load_txn(self, rows_per_txn)
     }
 
     /// The whole initial load, in transactions of `rows_per_txn` inserts.
     pub fn load(&mut self, rows_per_txn: usize) -> Vec<Txn> {
-        std::iter::from_fn(|| self.next_load_txn(rows_per_txn)).collect()
-    }
-
-    fn load_done(&self) -> bool {
-        self.stage == LoadStage::Done && self.queue.is_empty()
-    }
-
-    /// Generates up to [`LOAD_UNIT_ROWS`] rows of the current table from id `from`, and
-    /// returns the next stage.
-    fn load_next_unit(&mut self) {
-        let s = self.scale;
-        let unit = |from: i64, total: i64| (from..=total.min(from + LOAD_UNIT_ROWS - 1), total);
-        let next = |from: i64, total: i64, this: fn(i64) -> LoadStage, then: LoadStage| {
-            let to = from + LOAD_UNIT_ROWS;
-            if to <= total { this(to) } else { then }
-        };
-        self.stage = match self.stage {
-            LoadStage::Customers(from) => {
-                let (ids, total) = unit(from, s.customers);
-                ids.for_each(|id| self.load_customer(id));
-                next(from, total, LoadStage::Customers, LoadStage::Companies(1))
-            }
-            LoadStage::Companies(from) => {
-                let (ids, total) = unit(from, s.companies);
-                ids.for_each(|i| self.load_company(s.customers + i));
-                next(from, total, LoadStage::Companies, LoadStage::Saving(1))
-            }
-            LoadStage::Saving(from) => {
-                let (ids, total) = unit(from, s.accounts());
-                for id in ids {
-                    let row = self.account_row(id, true);
-                    self.model.saving.push(row.clone());
-                    self.queue.push_back(insert(table::SAVING_ACCOUNT, row));
-                }
-                next(from, total, LoadStage::Saving, LoadStage::Checking(1))
-            }
-            LoadStage::Checking(from) => {
-                let (ids, total) = unit(from, s.accounts());
-                for id in ids {
-                    let row = self.account_row(id, false);
-                    self.model.checking.push(row.clone());
-                    self.queue.push_back(insert(table::CHECKING_ACCOUNT, row));
-                }
-                next(from, total, LoadStage::Checking, LoadStage::Transfers(1))
-            }
-            LoadStage::Transfers(from) => {
-                let (ids, total) = unit(from, s.transfers);
-                ids.for_each(|id| self.load_transfer(id));
-                next(from, total, LoadStage::Transfers, LoadStage::Cheques(1))
-            }
-            LoadStage::Cheques(from) => {
-                let (ids, total) = unit(from, s.checkings);
-                ids.for_each(|id| self.load_cheque(id));
-                next(from, total, LoadStage::Cheques, LoadStage::Loans(1))
-            }
-            LoadStage::Loans(from) => {
-                let (ids, total) = unit(from, s.loans);
-                ids.for_each(|id| self.load_loan(id));
-                next(from, total, LoadStage::Loans, LoadStage::Done)
-            }
-            LoadStage::Done => LoadStage::Done,
-        };
+        QueuedLoad::load(self, rows_per_txn)
     }
 
     /// 1% of customers and companies are blocked (HyBench's `prob_blocked`), with their
@@ -783,6 +812,14 @@ impl HyGen {
         ]
     }
 
+    /// The saving (or checking) account of user `id`.
+    fn load_account(&mut self, id: i64, saving: bool) {
+        let row = self.account_row(id, saving);
+        let (rows, t) = self.model.accounts(saving);
+        rows.push(row.clone());
+        self.queue.push_back(insert(t, row));
+    }
+
     /// HyBench loads 80% of transfers from customers (dated 2019..2024) and the rest from
     /// companies (2014..2019), to anyone else.
     fn load_transfer(&mut self, id: i64) {
@@ -794,12 +831,7 @@ impl HyGen {
         } else {
             rng.random_range(s.customers + 1..=s.accounts())
         };
-        let target = loop {
-            let t = rng.random_range(1..=s.accounts());
-            if t != source {
-                break t;
-            }
-        };
+        let target = other_account(rng, s.accounts(), source);
         let (kind, ts) = if by_customer {
             (
                 pick(rng, &CUST_TRANSFER_TYPES),
@@ -811,18 +843,9 @@ impl HyGen {
                 timestamp_between(rng, START_DAY, MID_DAY),
             )
         };
-        self.queue.push_back(insert(
-            table::TRANSFER,
-            vec![
-                Value::Int(id),
-                Value::Int(source),
-                Value::Int(target),
-                Value::Decimal(cents(rng, CUST_SAVING / 100)),
-                utf8(kind),
-                Value::Timestamp(ts),
-                Value::Timestamp(LOAD_US),
-            ],
-        ));
+        let amount = cents(rng, CUST_SAVING / 100);
+        let row = movement(id, source, target, amount, kind, ts, LOAD_US);
+        self.queue.push_back(insert(table::TRANSFER, row));
     }
 
     /// 20% of loaded cheques are written by customers, the rest by companies.
@@ -843,24 +866,10 @@ impl HyGen {
                 pick(rng, &COMPANY_CHECK_TYPES),
             )
         };
-        let target = loop {
-            let t = rng.random_range(1..=s.accounts());
-            if t != source {
-                break t;
-            }
-        };
-        self.queue.push_back(insert(
-            table::CHECKING,
-            vec![
-                Value::Int(id),
-                Value::Int(source),
-                Value::Int(target),
-                Value::Decimal(amount),
-                utf8(kind),
-                Value::Timestamp(timestamp_between(rng, START_DAY, END_DAY + 1)),
-                Value::Timestamp(LOAD_US),
-            ],
-        ));
+        let target = other_account(rng, s.accounts(), source);
+        let ts = timestamp_between(rng, START_DAY, END_DAY + 1);
+        let row = movement(id, source, target, amount, kind, ts, LOAD_US);
+        self.queue.push_back(insert(table::CHECKING, row));
     }
 
     /// A loan application (20% by customers, for up to 20% of their credit) and its loan
@@ -927,10 +936,7 @@ impl HyGen {
     /// nothing and the next draw is taken. The rest of the load, if it was not drained, is
     /// generated (and dropped) first, since the stream updates the load's rows.
     pub fn next_txn(&mut self, now_us: i64) -> Txn {
-        while !self.load_done() {
-            self.queue.clear();
-            self.load_next_unit();
-        }
+        self.finish_load();
         let total: u32 = WEIGHTS.iter().sum();
         loop {
             let mut draw = self.rng.random_range(0..total);
@@ -973,12 +979,8 @@ impl HyGen {
         id: i64,
         delta: i128,
         now_us: i64,
-    ) -> retina_storage::TableOp<Vec<Value>> {
-        let (rows, t) = if saving {
-            (&mut self.model.saving, table::SAVING_ACCOUNT)
-        } else {
-            (&mut self.model.checking, table::CHECKING_ACCOUNT)
-        };
+    ) -> TableOp<Vec<Value>> {
+        let (rows, t) = self.model.accounts(saving);
         let row = &mut rows[(id - 1) as usize];
         let before = row.clone();
         row[col::A_BALANCE] = Value::Decimal(decimal(&before[col::A_BALANCE]) + delta);
@@ -1028,15 +1030,7 @@ impl HyGen {
         };
         ops.push(insert(
             t,
-            vec![
-                Value::Int(id),
-                Value::Int(source),
-                Value::Int(target),
-                Value::Decimal(amount),
-                utf8(kind),
-                Value::Timestamp(now_us),
-                Value::Timestamp(now_us),
-            ],
+            movement(id, source, target, amount, kind, now_us, now_us),
         ));
         Some(ops)
     }
@@ -1063,29 +1057,14 @@ impl HyGen {
             ops.push(self.move_money(true, employee, salary, now_us));
             let id = self.model.next_transfer_id;
             self.model.next_transfer_id += 1;
-            ops.push(insert(
-                table::TRANSFER,
-                vec![
-                    Value::Int(id),
-                    Value::Int(company),
-                    Value::Int(employee),
-                    Value::Decimal(salary),
-                    utf8("salary"),
-                    Value::Timestamp(now_us),
-                    Value::Timestamp(now_us),
-                ],
-            ));
+            let row = movement(id, company, employee, salary, "salary", now_us, now_us);
+            ops.push(insert(table::TRANSFER, row));
         }
         Some(ops)
     }
 
     /// Adds `delta` to the `loan_balance` (the credit left) of customer or company `id`.
-    fn loan_credit(
-        &mut self,
-        id: i64,
-        delta: i128,
-        now_us: i64,
-    ) -> retina_storage::TableOp<Vec<Value>> {
+    fn loan_credit(&mut self, id: i64, delta: i128, now_us: i64) -> TableOp<Vec<Value>> {
         let (row, t, balance, fresh) = if self.is_customer(id) {
             (
                 &mut self.model.customers[(id - 1) as usize],
@@ -1305,14 +1284,8 @@ impl HyWorkload {
     /// reads (`r`) and then the stream, every transaction between BEGIN and END, ids counting
     /// from 1 across both.
     pub fn write_debezium(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let mut w = DebeziumWriter::new(schemas()).with_database("hybench");
-        for txn in &self.load {
-            w.write_txn(out, txn, InsertOp::Read)?;
-        }
-        for txn in &self.stream {
-            w.write_txn(out, txn, InsertOp::Create)?;
-        }
-        Ok(())
+        let writer = DebeziumWriter::new(schemas()).with_database("hybench");
+        write_load_and_stream(writer, out, &self.load, &self.stream)
     }
 }
 

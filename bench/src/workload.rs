@@ -1,7 +1,9 @@
 //! What the workload generators share: a transaction as row operations, the clock that stamps
-//! `fresh_ts`, the self-check of a stream's shape, and the writer of Debezium JSON lines (the
-//! PostgreSQL connector's format with transaction metadata).
+//! `fresh_ts`, the initial load handed out from a queue in transactions of a set size, the
+//! self-check of a stream's shape, and the writer of Debezium JSON lines (the PostgreSQL
+//! connector's format with transaction metadata).
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io::Write;
 use std::sync::Arc;
@@ -77,6 +79,54 @@ pub(crate) fn update(table: TableId, before: Vec<Value>, after: Vec<Value>) -> T
     TableOp {
         table,
         op: RowOp::Update { before, after },
+    }
+}
+
+// ---- The initial load ----
+
+/// A generator whose initial load is made a unit at a time (a table, a warehouse, a run of
+/// ids) onto a queue of inserts and handed out from it in transactions of a set size. The
+/// generators keep their public `next_load_txn` / `load` as inherent methods that call these.
+pub(crate) trait QueuedLoad {
+    /// The load's inserts generated and not yet handed out.
+    fn load_queue(&mut self) -> &mut VecDeque<TableOp<Vec<Value>>>;
+
+    /// Whether every unit of the load has been generated.
+    fn load_generated(&self) -> bool;
+
+    /// Generates the next unit of the load onto the queue (nothing once it is all generated).
+    fn load_next_unit(&mut self);
+
+    /// The next transaction of the initial load: up to `rows_per_txn` inserts. `None` once
+    /// the load is complete.
+    fn next_load_txn(&mut self, rows_per_txn: usize) -> Option<Txn> {
+        assert!(
+            rows_per_txn > 0,
+            "a load transaction holds at least one row"
+        );
+        while self.load_queue().len() < rows_per_txn && !self.load_generated() {
+            self.load_next_unit();
+        }
+        let queue = self.load_queue();
+        if queue.is_empty() {
+            return None;
+        }
+        let n = rows_per_txn.min(queue.len());
+        Some(queue.drain(..n).collect())
+    }
+
+    /// The whole initial load, in transactions of `rows_per_txn` inserts.
+    fn load(&mut self, rows_per_txn: usize) -> Vec<Txn> {
+        std::iter::from_fn(|| self.next_load_txn(rows_per_txn)).collect()
+    }
+
+    /// Generates (and drops) the rest of the load, if it was not drained: the stream updates
+    /// the load's rows, so its model must hold them all.
+    fn finish_load(&mut self) {
+        while !(self.load_generated() && self.load_queue().is_empty()) {
+            self.load_queue().clear();
+            self.load_next_unit();
+        }
     }
 }
 
@@ -385,6 +435,23 @@ impl DebeziumWriter {
         self.line.push(b'}');
         Ok(())
     }
+}
+
+/// Writes a generated workload through `writer`: the load as snapshot reads (`r`), then the
+/// stream.
+pub(crate) fn write_load_and_stream(
+    mut writer: DebeziumWriter,
+    out: &mut impl Write,
+    load: &[Txn],
+    stream: &[Txn],
+) -> std::io::Result<()> {
+    for txn in load {
+        writer.write_txn(out, txn, InsertOp::Read)?;
+    }
+    for txn in stream {
+        writer.write_txn(out, txn, InsertOp::Create)?;
+    }
+    Ok(())
 }
 
 /// A value as Debezium's JSON converter writes it with `decimal.handling.mode=string` and
