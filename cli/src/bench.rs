@@ -106,6 +106,34 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
+    /// Query consistency (BENCH.md 3): CH-style queries on the static loaded data (with and
+    /// without the visibility check), then while the workload changes it at a fixed rate;
+    /// latency under change normalized to the static run with the check (medians).
+    Consistency {
+        /// NewOrders loaded before the queries (about 11 order lines each).
+        #[arg(long, default_value_t = 20_000)]
+        preload: usize,
+        /// Rows per second of the change stream during the second run.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Runs of each query in each phase.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Resources at a fixed rate (BENCH.md 5): the process's CPU (percent of one core, and per
+    /// 1K rows/s), resident memory, and memory by structure.
+    Resources {
+        /// Rows per second, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        rates: Vec<u64>,
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
     /// Recovery time against the rows applied since the last checkpoint: a node loads the
     /// stock table, checkpoints, applies that many more rows and stops without a checkpoint;
     /// a restart loads the checkpoint and the same rows are redone.
@@ -165,6 +193,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             shards,
         } => gc(&intervals_ms, seconds, rate, shards),
         BenchCommand::Recovery { rows, shards } => recovery(&rows, shards),
+        BenchCommand::Consistency {
+            preload,
+            rate,
+            runs,
+            shards,
+        } => consistency(preload, rate, runs, shards),
+        BenchCommand::Resources {
+            rates,
+            seconds,
+            shards,
+        } => resources(&rates, seconds, shards),
     }
 }
 
@@ -431,8 +470,23 @@ fn drive_replay_workload(
     Arc<AtomicBool>,
     std::thread::JoinHandle<anyhow::Result<()>>,
 )> {
-    use retina_bench::ch::REPLAY_FRESH_TS;
-    use retina_storage::{RowOp, Value};
+    let (dir, node, txns) = loaded_replay_node(settings, rate, seconds, 0)?;
+    let (stop, driver) = spawn_driver(node.handle().clone(), txns, rate);
+    Ok((dir, node, stop, driver))
+}
+
+/// The replay workload's transactions after its load.
+type Stream = Vec<Vec<retina_storage::TableOp<Vec<retina_storage::Value>>>>;
+
+/// A node over a temporary directory with the replay workload's load and its first
+/// `preload` NewOrders applied, and the NewOrders for `seconds` at `rate` (and a margin) that
+/// follow them.
+fn loaded_replay_node(
+    settings: Settings,
+    rate: u64,
+    seconds: u64,
+    preload: usize,
+) -> anyhow::Result<(tempfile::TempDir, Node, Stream)> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
     let node = Node::start(NodeOptions {
@@ -446,14 +500,29 @@ fn drive_replay_workload(
     let h = node.handle().clone();
     // About 22 rows per NewOrder; enough for the run and a margin.
     let new_orders = (rate * seconds / 20 + 1000) as usize;
-    let mut txns = replay_workload(7, 1, new_orders);
+    let mut txns = replay_workload(7, 1, preload + new_orders);
     let load_txns = txns.len() - new_orders;
     let load: Vec<_> = txns.drain(..load_txns).collect();
-    let ts = h.submit(&load, &[])?;
+    let mut last = 0;
+    for group in load.chunks(1024) {
+        last = *h.submit(group, &[])?.end();
+    }
     anyhow::ensure!(
-        h.wait_visible(*ts.end(), Duration::from_secs(60)),
+        h.wait_visible(last, Duration::from_secs(300)),
         "the load did not finish"
     );
+    Ok((dir, node, txns))
+}
+
+/// A thread emitting `txns` at `rate` rows per second, each stamped with the time it is
+/// emitted in `fresh_ts`, until the flag is set.
+fn spawn_driver(
+    h: retina_node::node::NodeHandle,
+    txns: Stream,
+    rate: u64,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<anyhow::Result<()>>) {
+    use retina_bench::ch::REPLAY_FRESH_TS;
+    use retina_storage::{RowOp, Value};
     let stop = Arc::new(AtomicBool::new(false));
     let driver = {
         let stop = stop.clone();
@@ -489,7 +558,7 @@ fn drive_replay_workload(
             Ok(())
         })
     };
-    Ok((dir, node, stop, driver))
+    (stop, driver)
 }
 
 fn gc(intervals_ms: &[u64], seconds: u64, rate: u64, shards: u16) -> anyhow::Result<()> {
@@ -562,6 +631,190 @@ fn gc(intervals_ms: &[u64], seconds: u64, rate: u64, shards: u16) -> anyhow::Res
             let _ = record(
                 "gc",
                 &format!("{name}_gc_every_{interval}_ms_at_{rate}_rows_per_s"),
+                v,
+                unit,
+            );
+        }
+        node.shutdown();
+    }
+    Ok(())
+}
+
+fn consistency(preload: usize, rate: u64, runs: usize, shards: u16) -> anyhow::Result<()> {
+    use retina_query::Visibility;
+    const QUERIES: [(&str, &str); 3] = [
+        (
+            "Q1",
+            "SELECT ol_number, sum(ol_quantity), sum(ol_amount), avg(ol_amount), count(*) \
+             FROM orderline GROUP BY ol_number ORDER BY ol_number",
+        ),
+        (
+            "Q6",
+            "SELECT sum(ol_amount) FROM orderline WHERE ol_quantity BETWEEN 1 AND 100000",
+        ),
+        (
+            "join",
+            "SELECT s_w_id, count(*), sum(ol_amount) FROM stock, orderline \
+             WHERE ol_i_id = s_i_id AND ol_supply_w_id = s_w_id AND s_quantity < 50 \
+             GROUP BY s_w_id",
+        ),
+    ];
+    let seconds = (runs as u64 * 3).max(10);
+    let settings = Settings {
+        shards,
+        ..Settings::default()
+    };
+    let (_dir, node, txns) = loaded_replay_node(settings, rate, seconds, preload)?;
+    let status = node.handle().status().clone();
+    let static_rows = status
+        .rows_applied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let addr = node.coordinator_addr().expect("listening");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let retina = retina_query::Retina::connect(addr, "")?;
+    let time = |visibility: Visibility, sql: &'static str| -> anyhow::Result<f64> {
+        let mut ms = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let start = Instant::now();
+            runtime.block_on(async {
+                let session = retina.begin_with(visibility).await?;
+                session.collect(sql).await?;
+                anyhow::Ok(())
+            })?;
+            ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok(median(&mut ms))
+    };
+    // The static data with and without the visibility check: the preloaded NewOrders updated
+    // stock rows, so without the check a query also reads their dead versions.
+    let (mut base, mut unchecked) = (Vec::new(), Vec::new());
+    for (_, sql) in QUERIES {
+        time(Visibility::Check, sql)?; // warm-up
+        base.push(time(Visibility::Check, sql)?);
+        unchecked.push(time(Visibility::Ignore, sql)?);
+    }
+    let (stop, driver) = spawn_driver(node.handle().clone(), txns, rate);
+    std::thread::sleep(Duration::from_secs(1));
+    let changing_from = status
+        .rows_applied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let mut under = Vec::new();
+    for (_, sql) in QUERIES {
+        under.push(time(Visibility::Check, sql)?);
+    }
+    let changed = status
+        .rows_applied
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - changing_from;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+    println!(
+        "{static_rows} rows loaded; {changed} rows ({:.1}%) changed while the queries ran at {rate} rows/s",
+        changed as f64 * 100.0 / static_rows as f64
+    );
+    println!(
+        "{:>6} {:>22} {:>12} {:>16} {:>11}",
+        "query", "static, no check ms", "static ms", "under change ms", "normalized"
+    );
+    for ((((name, _), b), n), u) in QUERIES.iter().zip(&base).zip(&unchecked).zip(&under) {
+        println!("{name:>6} {n:>22.1} {b:>12.1} {u:>16.1} {:>11.2}", u / b);
+        let _ = record(
+            "consistency",
+            &format!("{name}_normalized_at_{rate}_rows_per_s"),
+            u / b,
+            "ratio",
+        );
+    }
+    node.shutdown();
+    Ok(())
+}
+
+/// CPU seconds this process has used (user + system), from /proc.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name, in
+    // USER_HZ ticks, which Linux fixes at 100 per second in what /proc shows.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn resources(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering;
+    println!(
+        "{:>9} {:>10} {:>16} {:>9} {:>10} {:>12} {:>14}",
+        "rows/s",
+        "CPU %",
+        "CPU % per 1K/s",
+        "RSS MiB",
+        "index MiB",
+        "buffers MiB",
+        "visibility MiB"
+    );
+    for &rate in rates {
+        let settings = Settings {
+            shards,
+            ..Settings::default()
+        };
+        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
+        // The first seconds are the driver catching up; measure after them.
+        std::thread::sleep(Duration::from_secs(2));
+        let (cpu0, t0) = (cpu_seconds(), Instant::now());
+        std::thread::sleep(Duration::from_secs(seconds.saturating_sub(2).max(1)));
+        let cpu = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
+        stop.store(true, Ordering::Relaxed);
+        driver
+            .join()
+            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        let status = node.handle().status();
+        let sum = |f: fn(&retina_node::node::ShardMemory) -> &std::sync::atomic::AtomicU64| {
+            status
+                .shard_memory
+                .iter()
+                .map(|m| f(m).load(Ordering::Relaxed))
+                .sum::<u64>() as f64
+                / (1 << 20) as f64
+        };
+        let (index, buffers, visibility) = (
+            sum(|m| &m.index_bytes),
+            sum(|m| &m.write_buffer_bytes),
+            sum(|m| &m.visibility_bytes),
+        );
+        let rss = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            * 4096.0
+            / (1 << 20) as f64;
+        let per_1k = cpu / (rate as f64 / 1000.0);
+        println!(
+            "{rate:>9} {cpu:>10.1} {per_1k:>16.2} {rss:>9.0} {index:>10.1} {buffers:>12.1} {visibility:>14.2}"
+        );
+        for (name, v, unit) in [
+            ("cpu_percent", cpu, "%"),
+            ("cpu_percent_per_1k_rows_per_s", per_1k, "%"),
+            ("rss_mib", rss, "MiB"),
+            ("index_mib", index, "MiB"),
+            ("write_buffer_mib", buffers, "MiB"),
+            ("visibility_mib", visibility, "MiB"),
+        ] {
+            let _ = record(
+                "resources",
+                &format!("{name}_at_{rate}_rows_per_s"),
                 v,
                 unit,
             );
