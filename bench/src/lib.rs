@@ -6,5 +6,6 @@
 pub mod ch;
 pub mod chgen;
 pub mod hybench;
+pub mod report;
 pub mod results;
 pub mod workload;

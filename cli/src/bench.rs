@@ -25,6 +25,13 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand)]
 enum BenchCommand {
+    /// Turns the newest results in bench/results/ into SVG charts (beside them) in the style of
+    /// the paper's figures and a BENCHMARKS.md with every number and the paper's beside them.
+    Report {
+        /// Where to write the Markdown report.
+        #[arg(long, default_value = "BENCHMARKS.md")]
+        out: std::path::PathBuf,
+    },
     /// Writes a generated workload to a folder: its DDL (`schema.sql`) and its initial load and
     /// change stream as Debezium JSON lines (`changes.json`, load first, ready for `retina serve
     /// --schema DIR/schema.sql --source file:DIR/changes.json`), and prints the stream's
@@ -158,6 +165,14 @@ enum BenchCommand {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
+        BenchCommand::Report { out } => {
+            let written = retina_bench::report::write(&retina_bench::results::results_dir(), &out)
+                .map_err(anyhow::Error::msg)?;
+            for p in written {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
         BenchCommand::Generate {
             workload,
             scale,

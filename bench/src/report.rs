@@ -1,0 +1,483 @@
+//! `retina bench report`: the newest value of every measurement under `bench/results/`, as
+//! SVG charts in the style of the paper's figures (freshness against throughput, Figure 8;
+//! replay throughput against shards, Figure 12; query latency against the GC interval,
+//! Figure 14; and recovery and query consistency) and a `BENCHMARKS.md` with the numbers, the
+//! charts and the paper's figures beside them. Charts are written by hand as SVG: no plotting
+//! dependency to build.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One measurement as `results::record` wrote it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub at: u64,
+    pub value: f64,
+    pub unit: String,
+}
+
+/// The newest value of every measurement, by results file (without `.jsonl`) and name.
+pub type Results = BTreeMap<String, BTreeMap<String, Measurement>>;
+
+/// Reads every `*.jsonl` of `dir`; a line that is not a measurement is an error naming it.
+pub fn load(dir: &Path) -> Result<Results, String> {
+    let mut out = Results::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    for path in files {
+        let file = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let entries = out.entry(file).or_default();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let bad = |why: &str| format!("{} line {}: {why}", path.display(), i + 1);
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| bad(&e.to_string()))?;
+            let name = v["name"].as_str().ok_or_else(|| bad("no name"))?;
+            let m = Measurement {
+                at: v["at"].as_u64().unwrap_or(0),
+                value: v["value"].as_f64().ok_or_else(|| bad("no numeric value"))?,
+                unit: v["unit"].as_str().unwrap_or("").to_owned(),
+            };
+            // Later lines are newer runs.
+            if entries.get(name).is_none_or(|old| old.at <= m.at) {
+                entries.insert(name.to_owned(), m);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A grouped bar chart: one group per x label, one bar per series.
+pub struct Chart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<String>,
+    /// (x label, one value per series; `None` where missing).
+    pub groups: Vec<(String, Vec<Option<f64>>)>,
+}
+
+const COLORS: [&str; 4] = ["#4878d0", "#ee854a", "#6acc64", "#d65f5f"];
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A round number at or above `max` for the y axis.
+fn nice_ceiling(max: f64) -> f64 {
+    if max <= 0.0 {
+        return 1.0;
+    }
+    let magnitude = 10f64.powf(max.log10().floor());
+    for step in [1.0, 2.0, 2.5, 5.0, 10.0] {
+        if step * magnitude >= max {
+            return step * magnitude;
+        }
+    }
+    10.0 * magnitude
+}
+
+impl Chart {
+    pub fn svg(&self) -> String {
+        let (w, h) = (640.0, 360.0);
+        let (left, right, top, bottom) = (70.0, 20.0, 40.0, 60.0);
+        let plot_w = w - left - right;
+        let plot_h = h - top - bottom;
+        let max = self
+            .groups
+            .iter()
+            .flat_map(|(_, v)| v.iter().flatten())
+            .fold(0.0f64, |a, &b| a.max(b));
+        let top_value = nice_ceiling(max);
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
+            w / 2.0,
+            escape(&self.title)
+        );
+        // Axes and grid.
+        for i in 0..=4 {
+            let v = top_value * f64::from(i) / 4.0;
+            let y = top + plot_h - plot_h * f64::from(i) / 4.0;
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+                left + plot_w,
+                left - 6.0,
+                y + 4.0,
+                trim_number(v)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/><line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
+            top + plot_h,
+            top + plot_h,
+            left + plot_w,
+            top + plot_h
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="16" y="{}" text-anchor="middle" transform="rotate(-90 16 {})">{}</text>"#,
+            top + plot_h / 2.0,
+            top + plot_h / 2.0,
+            escape(&self.y_label)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            left + plot_w / 2.0,
+            h - 12.0,
+            escape(&self.x_label)
+        );
+        // Bars.
+        let groups = self.groups.len().max(1) as f64;
+        let group_w = plot_w / groups;
+        let bar_w = group_w * 0.8 / self.series.len().max(1) as f64;
+        for (g, (label, values)) in self.groups.iter().enumerate() {
+            let x0 = left + group_w * g as f64 + group_w * 0.1;
+            for (k, v) in values.iter().enumerate() {
+                let Some(v) = v else { continue };
+                let bh = plot_h * v / top_value;
+                let x = x0 + bar_w * k as f64;
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{}"><title>{}: {}</title></rect>"#,
+                    top + plot_h - bh,
+                    bar_w * 0.95,
+                    COLORS[k % COLORS.len()],
+                    escape(&self.series[k]),
+                    trim_number(*v)
+                );
+            }
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                x0 + group_w * 0.4,
+                top + plot_h + 16.0,
+                escape(label)
+            );
+        }
+        // Legend.
+        for (k, name) in self.series.iter().enumerate() {
+            let x = left + 10.0 + 150.0 * k as f64;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{}">{}</text>"#,
+                top - 12.0,
+                COLORS[k % COLORS.len()],
+                x + 14.0,
+                top - 3.0,
+                escape(name)
+            );
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+fn trim_number(v: f64) -> String {
+    if v >= 100.0 || v == v.trunc() {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The numbers `names` like `{prefix}{x}{suffix}` take, sorted, with the name for each.
+fn keyed(entries: &BTreeMap<String, Measurement>, prefix: &str, suffix: &str) -> Vec<(u64, f64)> {
+    let mut out: Vec<(u64, f64)> = entries
+        .iter()
+        .filter_map(|(name, m)| {
+            let x = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+            Some((x.parse().ok()?, m.value))
+        })
+        .collect();
+    out.sort_by_key(|(x, _)| *x);
+    out
+}
+
+/// A chart of series sharing one x key, each series `(label, prefix, suffix)`.
+fn chart_by_key(
+    entries: &BTreeMap<String, Measurement>,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(&str, &str, &str)],
+    x_text: impl Fn(u64) -> String,
+    scale: f64,
+) -> Option<Chart> {
+    let columns: Vec<Vec<(u64, f64)>> = series
+        .iter()
+        .map(|(_, p, s)| keyed(entries, p, s))
+        .collect();
+    let mut xs: Vec<u64> = columns.iter().flatten().map(|(x, _)| *x).collect();
+    xs.sort_unstable();
+    xs.dedup();
+    if xs.is_empty() {
+        return None;
+    }
+    Some(Chart {
+        title: title.into(),
+        x_label: x_label.into(),
+        y_label: y_label.into(),
+        series: series.iter().map(|(l, _, _)| (*l).to_owned()).collect(),
+        groups: xs
+            .iter()
+            .map(|&x| {
+                (
+                    x_text(x),
+                    columns
+                        .iter()
+                        .map(|c| c.iter().find(|(k, _)| *k == x).map(|(_, v)| v * scale))
+                        .collect(),
+                )
+            })
+            .collect(),
+    })
+}
+
+fn thousands(x: u64) -> String {
+    if x >= 1000 && x % 1000 == 0 {
+        format!("{}K", x / 1000)
+    } else {
+        x.to_string()
+    }
+}
+
+/// The charts the results allow: (file name, chart, the paper's figure beside it).
+pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
+    let empty = BTreeMap::new();
+    let get = |f: &str| results.get(f).unwrap_or(&empty);
+    let mut out = Vec::new();
+    if let Some(c) = chart_by_key(
+        get("freshness"),
+        "Freshness against throughput (cf. Figure 8)",
+        "rows/s emitted",
+        "freshness, ms",
+        &[
+            ("P50", "p50_ms_at_", "_rows_per_s"),
+            ("P99", "p99_ms_at_", "_rows_per_s"),
+        ],
+        thousands,
+        1.0,
+    ) {
+        out.push((
+            "fig-freshness.svg",
+            c,
+            "Paper: P50 about 10 ms, P99 under 250 ms per node; CH-benCHmark W10000 at 80K rows/s: P99 103 ms.",
+        ));
+    }
+    if let Some(c) = chart_by_key(
+        get("replay"),
+        "Replay throughput against shards (cf. Figure 12)",
+        "shards",
+        "thousand rows/s",
+        &[
+            ("from Debezium JSON", "json_rows_per_s_", "_shards"),
+            ("from encoded batches", "batches_rows_per_s_", "_shards"),
+        ],
+        |x| x.to_string(),
+        1e-3,
+    ) {
+        out.push((
+            "fig-replay.svg",
+            c,
+            "Paper: about 200K rows/s per 16-vCPU node, 3.2M rows/s on 16 nodes.",
+        ));
+    }
+    if let Some(c) = chart_by_key(
+        get("gc"),
+        "Query latency against the GC interval at 10K rows/s (cf. Figure 14)",
+        "GC interval, s",
+        "query latency, ms",
+        &[
+            ("P50", "p50_ms_gc_every_", "_ms_at_10000_rows_per_s"),
+            ("P99", "p99_ms_gc_every_", "_ms_at_10000_rows_per_s"),
+        ],
+        |x| (x / 1000).to_string(),
+        1.0,
+    ) {
+        out.push((
+            "fig-gc.svg",
+            c,
+            "Paper: flat query latency for GC intervals from 10 s to 240 s.",
+        ));
+    }
+    if let Some(c) = chart_by_key(
+        get("recovery"),
+        "Recovery time against rows since the checkpoint",
+        "rows since the checkpoint",
+        "seconds",
+        &[
+            ("checkpoint load", "restore_s_with_", "_rows_since"),
+            ("whole recovery", "recovery_s_with_", "_rows_since"),
+        ],
+        thousands,
+        1.0,
+    ) {
+        out.push(("fig-recovery.svg", c, "Not in the paper."));
+    }
+    let consistency = get("consistency");
+    let queries: Vec<(String, f64)> = consistency
+        .iter()
+        .filter_map(|(n, m)| {
+            let q = n
+                .strip_suffix("_at_10000_rows_per_s")?
+                .strip_suffix("_normalized")?;
+            Some((q.to_owned(), m.value))
+        })
+        .collect();
+    if !queries.is_empty() {
+        out.push((
+            "fig-consistency.svg",
+            Chart {
+                title: "Query latency under a 10K rows/s stream, normalized to static".into(),
+                x_label: "query".into(),
+                y_label: "under change / static".into(),
+                series: vec!["normalized latency".into()],
+                groups: queries
+                    .into_iter()
+                    .map(|(q, v)| (q, vec![Some(v)]))
+                    .collect(),
+            },
+            "Paper: normalized latency about 1.04 from 10K to 160K rows/s.",
+        ));
+    }
+    out
+}
+
+/// `BENCHMARKS.md`: every measurement's newest value, by results file, with the charts.
+pub fn markdown(results: &Results, charts: &[(&str, Chart, &str)], chart_dir: &str) -> String {
+    let mut s = String::from(
+        "# Benchmarks\n\nWritten by `retina bench report` from the newest value of each \
+         measurement in `bench/results/*.jsonl`. Measured on the machine the runs were made on \
+         (the project's: 2 cores, 24 GiB); the paper's node had 16 vCPUs. See \
+         `../shared/BENCH.md` for what each measurement means.\n\n",
+    );
+    for (file, chart, paper) in charts {
+        let _ = writeln!(
+            s,
+            "## {}\n\n![{}]({chart_dir}/{file})\n\n{paper}\n",
+            chart.title, chart.title
+        );
+    }
+    s.push_str("## Every measurement\n\n");
+    for (file, entries) in results {
+        let _ = writeln!(
+            s,
+            "### {file}\n\n| measurement | value | unit |\n| --- | --- | --- |"
+        );
+        for (name, m) in entries {
+            let _ = writeln!(s, "| {name} | {} | {} |", trim_number(m.value), m.unit);
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Reads `results_dir`, writes the charts there and `BENCHMARKS.md` at `out`; returns the
+/// files written.
+pub fn write(results_dir: &Path, out: &Path) -> Result<Vec<std::path::PathBuf>, String> {
+    let results = load(results_dir)?;
+    let charts = charts(&results);
+    let mut written = Vec::new();
+    for (file, chart, _) in &charts {
+        let path = results_dir.join(file);
+        std::fs::write(&path, chart.svg()).map_err(|e| format!("{}: {e}", path.display()))?;
+        written.push(path);
+    }
+    let base = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let rel = pathdiff(results_dir, base);
+    std::fs::write(out, markdown(&results, &charts, &rel))
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+    written.push(out.to_owned());
+    Ok(written)
+}
+
+/// `target` relative to `base` when it lies below it, else as given.
+fn pathdiff(target: &Path, base: &Path) -> String {
+    let (t, b) = (
+        target.canonicalize().unwrap_or_else(|_| target.to_owned()),
+        base.canonicalize().unwrap_or_else(|_| base.to_owned()),
+    );
+    t.strip_prefix(&b)
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| target.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_values_become_charts_and_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("freshness.jsonl"),
+            "{\"at\":1,\"name\":\"p50_ms_at_10000_rows_per_s\",\"value\":9.0,\"unit\":\"ms\"}\n\
+             {\"at\":2,\"name\":\"p50_ms_at_10000_rows_per_s\",\"value\":2.0,\"unit\":\"ms\"}\n\
+             {\"at\":2,\"name\":\"p99_ms_at_10000_rows_per_s\",\"value\":15.4,\"unit\":\"ms\"}\n\
+             {\"at\":2,\"name\":\"p50_ms_at_80000_rows_per_s\",\"value\":1.2,\"unit\":\"ms\"}\n",
+        )
+        .unwrap();
+        let results = load(dir.path()).unwrap();
+        assert_eq!(
+            results["freshness"]["p50_ms_at_10000_rows_per_s"].value, 2.0,
+            "the newest run wins"
+        );
+        let charts = charts(&results);
+        assert_eq!(charts.len(), 1);
+        let c = &charts[0].1;
+        assert_eq!(
+            c.groups,
+            vec![
+                ("10K".to_owned(), vec![Some(2.0), Some(15.4)]),
+                ("80K".to_owned(), vec![Some(1.2), None]),
+            ]
+        );
+        let svg = c.svg();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            svg.matches("<rect x=").count(),
+            3 + 2,
+            "three bars, two legend keys"
+        );
+        let md = markdown(&results, &charts, "bench/results");
+        assert!(md.contains(
+            "![Freshness against throughput (cf. Figure 8)](bench/results/fig-freshness.svg)"
+        ));
+        assert!(md.contains("| p99_ms_at_10000_rows_per_s | 15.4 | ms |"));
+
+        std::fs::write(dir.path().join("bad.jsonl"), "{\"name\":1}\n").unwrap();
+        let err = load(dir.path()).unwrap_err();
+        assert!(err.contains("bad.jsonl line 1"), "{err}");
+    }
+}
