@@ -306,14 +306,7 @@ fn replay(
         let mut from_json = Vec::new();
         let mut from_batches = Vec::new();
         let start_node = |data: &std::path::Path| {
-            Node::start(NodeOptions {
-                data_dir: data.to_path_buf(),
-                catalog: catalog.clone(),
-                settings: settings.clone(),
-                listen: None,
-                auth_token: None,
-                await_source: false,
-            })
+            bench_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
         };
         for run in 0..runs {
             // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
@@ -504,14 +497,7 @@ fn loaded_replay_node(
 ) -> anyhow::Result<(tempfile::TempDir, Node, Stream)> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
-        catalog,
-        settings,
-        listen: Some("127.0.0.1:0".parse()?),
-        auth_token: None,
-        await_source: false,
-    })?;
+    let node = bench_node(dir.path().join("data"), catalog, settings, true)?;
     let h = node.handle().clone();
     // About 22 rows per NewOrder; enough for the run and a margin.
     let new_orders = (rate * seconds / 20 + 1000) as usize;
@@ -839,6 +825,24 @@ fn resources(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node for a measurement over `data_dir`, serving queries on a free loopback port if
+/// `listen`.
+fn bench_node(
+    data_dir: std::path::PathBuf,
+    catalog: Arc<Catalog>,
+    settings: Settings,
+    listen: bool,
+) -> Result<Node, retina_node::node::NodeError> {
+    Node::start(NodeOptions {
+        data_dir,
+        catalog,
+        settings,
+        listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),
+        auth_token: None,
+        await_source: false,
+    })
+}
+
 fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
     use std::sync::atomic::Ordering;
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
@@ -850,17 +854,15 @@ fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
         let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
         let data = dir.path().join("data");
         let start = || {
-            Node::start(NodeOptions {
-                data_dir: data.clone(),
-                catalog: catalog.clone(),
-                settings: Settings {
+            bench_node(
+                data.clone(),
+                catalog.clone(),
+                Settings {
                     shards,
                     ..Settings::default()
                 },
-                listen: None,
-                auth_token: None,
-                await_source: false,
-            })
+                false,
+            )
         };
         // About 22 rows per NewOrder.
         let mut txns = replay_workload(11, 1, (since / 20 + 1) as usize);
@@ -951,14 +953,7 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
         flush_interval_ms: 5,
         ..Settings::default()
     };
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
-        catalog,
-        settings,
-        listen: Some("127.0.0.1:0".parse()?),
-        auth_token: None,
-        await_source: false,
-    })?;
+    let node = bench_node(dir.path().join("data"), catalog, settings, true)?;
     let h = node.handle().clone();
     let rows: Vec<_> = (0..8192i64)
         .map(|i| TableOp {
@@ -1064,18 +1059,16 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
         .resolve("orderline")
         .context("the replay DDL has orderline")?;
     let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
+    let node = bench_node(
+        dir.path().join("data"),
         catalog,
-        settings: Settings {
+        Settings {
             shards,
             file_rows: FILE_ROWS,
             ..Settings::default()
         },
-        listen: Some("127.0.0.1:0".parse()?),
-        auth_token: None,
-        await_source: false,
-    })?;
+        true,
+    )?;
     let h = node.handle().clone();
     let lines: Vec<_> = OrderLines::new(7, 10).take(rows).collect();
     let t = Instant::now();

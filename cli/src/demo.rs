@@ -103,6 +103,19 @@ struct Progress {
     freshness_ms: Mutex<Vec<f64>>,
 }
 
+impl Progress {
+    /// Freshness P50 and P99 so far, and the samples.
+    fn freshness(&self) -> (Option<f64>, Option<f64>, usize) {
+        let mut f = self.freshness_ms.lock().expect("freshness lock").clone();
+        f.sort_by(f64::total_cmp);
+        let at = |p: usize| {
+            f.get((f.len() * p / 100).min(f.len().saturating_sub(1)))
+                .copied()
+        };
+        (at(50), at(99), f.len())
+    }
+}
+
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let scale = scale(&args.scale)?;
     let dir = tempfile::Builder::new()
@@ -265,17 +278,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     })?;
 
     // 5. Summary.
-    let mut fresh = progress
-        .freshness_ms
-        .lock()
-        .expect("freshness lock")
-        .clone();
-    fresh.sort_by(f64::total_cmp);
-    let pct = |p: usize| {
-        fresh
-            .get((fresh.len() * p / 100).min(fresh.len().saturating_sub(1)))
-            .copied()
-    };
+    let (p50, p99, samples) = progress.freshness();
     let parquet = count_parquet(&path.join("data/lake/tables"));
     println!("\nsummary");
     println!(
@@ -286,10 +289,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "  stream: {stream_rows} rows in {stream_txns} transactions over {} s at {} rows/s asked",
         args.seconds, args.rate
     );
-    match (pct(50), pct(99)) {
+    match (p50, p99) {
         (Some(p50), Some(p99)) => println!(
-            "  freshness (query start - newest fresh_ts, {} samples): P50 {p50:.1} ms, P99 {p99:.1} ms",
-            fresh.len()
+            "  freshness (query start - newest fresh_ts, {samples} samples): P50 {p50:.1} ms, P99 {p99:.1} ms"
         ),
         _ => println!("  freshness: no sample"),
     }
@@ -401,16 +403,7 @@ fn display(status: &NodeStatus, progress: &Progress, seconds: u64, end: Instant)
             rate = (rows - last_rows) as f64 / dt;
             (last_rows, last_at) = (rows, Instant::now());
         }
-        let (p50, p99) = {
-            let mut f = progress
-                .freshness_ms
-                .lock()
-                .expect("freshness lock")
-                .clone();
-            f.sort_by(f64::total_cmp);
-            let at = |p: usize| f.get((f.len() * p / 100).min(f.len().saturating_sub(1)));
-            (at(50).copied(), at(99).copied())
-        };
+        let (p50, p99, _) = progress.freshness();
         let memory: u64 = status
             .shard_memory
             .iter()

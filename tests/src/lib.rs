@@ -17,3 +17,21 @@ pub fn pyarrow_available() -> bool {
     }
     ok
 }
+
+/// Query results of BIGINT columns as rows of integers.
+pub fn ints(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<Vec<i64>> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    let mut rows = Vec::new();
+    for b in batches {
+        for r in 0..b.num_rows() {
+            rows.push(
+                b.columns()
+                    .iter()
+                    .map(|c| c.as_primitive::<Int64Type>().value(r))
+                    .collect(),
+            );
+        }
+    }
+    rows
+}

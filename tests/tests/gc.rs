@@ -11,30 +11,26 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::Int64Type;
 use retina_node::catalog::Catalog;
 use retina_node::node::{Node, NodeHandle, NodeOptions};
 use retina_node::settings::Settings;
 use retina_query::{QuerySession, Retina};
 use retina_storage::{RowOp, TableOp, Value};
+use retina_tests::ints;
 
 const DDL: &str = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT NOT NULL);";
 const ROWS: i64 = 4000;
 
-fn ints(batches: &[RecordBatch]) -> Vec<Vec<i64>> {
-    let mut rows = Vec::new();
-    for b in batches {
-        for r in 0..b.num_rows() {
-            rows.push(
-                b.columns()
-                    .iter()
-                    .map(|c| c.as_primitive::<Int64Type>().value(r))
-                    .collect(),
-            );
-        }
-    }
-    rows
+async fn plan_files(retina: &Retina, session: &QuerySession) -> BTreeSet<u64> {
+    retina
+        .connection()
+        .plan(session.query_id(), "t")
+        .await
+        .unwrap()
+        .files
+        .iter()
+        .map(|f| f.file)
+        .collect()
 }
 
 async fn read(session: &QuerySession) -> Vec<Vec<i64>> {
@@ -127,15 +123,7 @@ fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
         let long = retina.begin().await.unwrap();
         let before = read(&long).await;
         assert_eq!(before, (0..ROWS).map(|i| vec![i, 0]).collect::<Vec<_>>());
-        let old_plan: BTreeSet<u64> = retina
-            .connection()
-            .plan(long.query_id(), "t")
-            .await
-            .unwrap()
-            .files
-            .iter()
-            .map(|f| f.file)
-            .collect();
+        let old_plan: BTreeSet<u64> = plan_files(&retina, &long).await;
         assert!(old_plan.len() >= 14, "the long query reads regular files");
 
         // In every four rows one stays, one is updated (its new version goes to a new file)
@@ -190,15 +178,7 @@ fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
             before,
             "the long query's rows did not change"
         );
-        let again: BTreeSet<u64> = retina
-            .connection()
-            .plan(long.query_id(), "t")
-            .await
-            .unwrap()
-            .files
-            .iter()
-            .map(|f| f.file)
-            .collect();
+        let again: BTreeSet<u64> = plan_files(&retina, &long).await;
         // (Files combined since, from rows created after its snapshot, may be listed too.)
         assert!(
             old_plan.is_subset(&again),
@@ -226,15 +206,7 @@ fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
             })
             .collect();
         assert_eq!(read(&now).await, expected);
-        let new_plan: BTreeSet<u64> = retina
-            .connection()
-            .plan(now.query_id(), "t")
-            .await
-            .unwrap()
-            .files
-            .iter()
-            .map(|f| f.file)
-            .collect();
+        let new_plan: BTreeSet<u64> = plan_files(&retina, &now).await;
         assert!(
             new_plan.is_disjoint(&old_plan),
             "new queries read only rewritten files: {new_plan:?} vs {old_plan:?}"

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::array::RecordBatch;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use retina_node::catalog::Catalog;
@@ -22,6 +21,7 @@ use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_query::{QuerySession, Retina, refusal};
 use retina_storage::{RowOp, TableOp, Value};
+use retina_tests::ints;
 
 const DDL: &str = "CREATE TABLE bank.accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
                    CREATE TABLE bank.ledger (n BIGINT PRIMARY KEY, src BIGINT NOT NULL, dst BIGINT NOT NULL, amount BIGINT NOT NULL);";
@@ -59,21 +59,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn ints(batches: &[RecordBatch]) -> Vec<Vec<i64>> {
-    let mut rows = Vec::new();
-    for b in batches {
-        for r in 0..b.num_rows() {
-            rows.push(
-                b.columns()
-                    .iter()
-                    .map(|c| c.as_primitive::<Int64Type>().value(r))
-                    .collect(),
-            );
-        }
-    }
-    rows
 }
 
 /// Both tables at one session's snapshot.
