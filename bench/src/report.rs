@@ -69,6 +69,8 @@ pub struct Chart {
     pub series: Vec<String>,
     /// (x label, one value per series; `None` where missing).
     pub groups: Vec<(String, Vec<Option<f64>>)>,
+    /// A logarithmic y axis (decades), for series orders of magnitude apart.
+    pub log: bool,
 }
 
 const COLORS: [&str; 4] = ["#4878d0", "#ee854a", "#6acc64", "#d65f5f"];
@@ -99,12 +101,35 @@ impl Chart {
         let (left, right, top, bottom) = (70.0, 20.0, 40.0, 60.0);
         let plot_w = w - left - right;
         let plot_h = h - top - bottom;
-        let max = self
-            .groups
-            .iter()
-            .flat_map(|(_, v)| v.iter().flatten())
-            .fold(0.0f64, |a, &b| a.max(b));
+        let values = || self.groups.iter().flat_map(|(_, v)| v.iter().flatten());
+        let max = values().fold(0.0f64, |a, &b| a.max(b));
         let top_value = nice_ceiling(max);
+        // The log axis spans whole decades from below the smallest positive value.
+        let decades = if self.log {
+            let min = values()
+                .copied()
+                .filter(|v| *v > 0.0)
+                .fold(f64::INFINITY, f64::min);
+            // Below the smallest value, so that its bar shows.
+            let low = if min.is_finite() {
+                (min.log10() - 1e-9).floor()
+            } else {
+                0.0
+            };
+            let high = (max.log10().ceil()).max(low + 1.0);
+            Some((low, high))
+        } else {
+            None
+        };
+        // A value's height as a fraction of the plot.
+        let frac = |v: f64| match decades {
+            Some((low, high)) => ((v.max(f64::MIN_POSITIVE).log10() - low) / (high - low)).max(0.0),
+            None => v / top_value,
+        };
+        let ticks: Vec<f64> = match decades {
+            Some((low, high)) => (low as i32..=high as i32).map(|e| 10f64.powi(e)).collect(),
+            None => (0..=4).map(|i| top_value * f64::from(i) / 4.0).collect(),
+        };
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -118,9 +143,8 @@ impl Chart {
             escape(&self.title)
         );
         // Axes and grid.
-        for i in 0..=4 {
-            let v = top_value * f64::from(i) / 4.0;
-            let y = top + plot_h - plot_h * f64::from(i) / 4.0;
+        for &v in &ticks {
+            let y = top + plot_h - plot_h * frac(v);
             let _ = writeln!(
                 s,
                 r##"<line x1="{left}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -160,7 +184,7 @@ impl Chart {
             let x0 = left + group_w * g as f64 + group_w * 0.1;
             for (k, v) in values.iter().enumerate() {
                 let Some(v) = v else { continue };
-                let bh = plot_h * v / top_value;
+                let bh = plot_h * frac(*v);
                 let x = x0 + bar_w * k as f64;
                 let _ = writeln!(
                     s,
@@ -258,6 +282,7 @@ fn chart_by_key(
                 )
             })
             .collect(),
+        log: false,
     })
 }
 
@@ -342,6 +367,70 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
     ) {
         out.push(("fig-recovery.svg", c, "Not in the paper."));
     }
+    let peers = Peers::of(get("peers"));
+    if !peers.systems.is_empty() {
+        for (file, metric, title, y_label, paper) in [
+            (
+                "fig-peers-throughput.svg",
+                "rows_per_s",
+                "Peers: rows/s replayed, the same CH stream",
+                "rows/s (log)",
+                "Retina against DuckDB and Delta Lake (delta-rs MERGE at each commit interval); \
+                 `max` emits as fast as each system takes the stream.",
+            ),
+            (
+                "fig-peers-freshness.svg",
+                "p50_ms",
+                "Peers: freshness P50, the same max(fresh_ts) monitor",
+                "ms (log)",
+                "Freshness = query start - newest visible fresh_ts, every 100 ms.",
+            ),
+        ] {
+            out.push((
+                file,
+                Chart {
+                    title: title.into(),
+                    x_label: "rows/s emitted".into(),
+                    y_label: y_label.into(),
+                    series: peers.systems.clone(),
+                    groups: peers
+                        .rates
+                        .iter()
+                        .map(|r| {
+                            let x = r.parse().map_or(r.clone(), thousands);
+                            (x, peers.column(metric, r))
+                        })
+                        .collect(),
+                    log: true,
+                },
+                paper,
+            ));
+        }
+        out.push((
+            "fig-peers-queries.svg",
+            Chart {
+                title: "Peers: CH queries on the final state".into(),
+                x_label: "query".into(),
+                y_label: "ms (log)".into(),
+                series: peers.systems.clone(),
+                groups: ["q1", "q6", "q3"]
+                    .iter()
+                    .map(|q| {
+                        (
+                            q.to_uppercase(),
+                            peers
+                                .systems
+                                .iter()
+                                .map(|s| peers.value(&format!("{q}_ms_{s}")))
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+                log: true,
+            },
+            "Median of runs after the last rate's stream; the same SQL on every system.",
+        ));
+    }
     let consistency = get("consistency");
     let queries: Vec<(String, f64)> = consistency
         .iter()
@@ -364,11 +453,132 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
                     .into_iter()
                     .map(|(q, v)| (q, vec![Some(v)]))
                     .collect(),
+                log: false,
             },
             "Paper: normalized latency about 1.04 from 10K to 160K rows/s.",
         ));
     }
     out
+}
+
+/// The peers results (`retina bench peers`): systems and rates as measured, in order.
+struct Peers<'a> {
+    entries: &'a BTreeMap<String, Measurement>,
+    /// `retina`, `duckdb`, then Delta Lake by commit interval.
+    systems: Vec<String>,
+    /// Fixed rates ascending, then `max`.
+    rates: Vec<String>,
+}
+
+impl<'a> Peers<'a> {
+    fn of(entries: &'a BTreeMap<String, Measurement>) -> Self {
+        let mut systems = Vec::new();
+        let mut rates = Vec::new();
+        for name in entries.keys() {
+            if let Some((system, rate)) = name
+                .strip_prefix("rows_per_s_")
+                .and_then(|n| n.rsplit_once("_at_"))
+            {
+                systems.push(system.to_owned());
+                rates.push(rate.to_owned());
+            }
+        }
+        let order = |s: &String| match s.as_str() {
+            "retina" => (0, 0),
+            "duckdb" => (1, 0),
+            other => (
+                2,
+                other
+                    .trim_start_matches("delta_")
+                    .trim_end_matches("ms")
+                    .parse()
+                    .unwrap_or(u64::MAX),
+            ),
+        };
+        systems.sort_by_key(order);
+        systems.dedup();
+        rates.sort_by_key(|r| r.parse::<u64>().unwrap_or(u64::MAX));
+        rates.dedup();
+        Peers {
+            entries,
+            systems,
+            rates,
+        }
+    }
+
+    fn value(&self, name: &str) -> Option<f64> {
+        self.entries.get(name).map(|m| m.value)
+    }
+
+    /// `metric` of every system at `rate`.
+    fn column(&self, metric: &str, rate: &str) -> Vec<Option<f64>> {
+        self.systems
+            .iter()
+            .map(|s| self.value(&format!("{metric}_{s}_at_{rate}")))
+            .collect()
+    }
+
+    /// The side-by-side table and the ratios the targets name.
+    fn markdown(&self, s: &mut String) {
+        let cell = |v: Option<f64>| v.map_or("-".to_owned(), trim_number);
+        s.push_str("## Peers side by side\n\n");
+        s.push_str(
+            "`retina bench peers`: the same CH-benCHmark load and stream, the same \
+             `max(fresh_ts)` monitor and the same queries for every system, in one run.\n\n",
+        );
+        s.push_str("| system | rows/s emitted | rows/s replayed | freshness P50 ms | P99 ms | lag after the last emit, s |\n| --- | --- | --- | --- | --- | --- |\n");
+        for sys in &self.systems {
+            for r in &self.rates {
+                let v = |m: &str| self.value(&format!("{m}_{sys}_at_{r}"));
+                if v("rows_per_s").is_none() {
+                    continue;
+                }
+                let _ = writeln!(
+                    s,
+                    "| {sys} | {r} | {} | {} | {} | {} |",
+                    cell(v("rows_per_s")),
+                    cell(v("p50_ms")),
+                    cell(v("p99_ms")),
+                    cell(v("lag_s"))
+                );
+            }
+        }
+        s.push_str("\n| system | Q1 ms | Q6 ms | Q3 ms |\n| --- | --- | --- | --- |\n");
+        for sys in &self.systems {
+            let q = |q: &str| cell(self.value(&format!("{q}_ms_{sys}")));
+            let _ = writeln!(s, "| {sys} | {} | {} | {} |", q("q1"), q("q6"), q("q3"));
+        }
+        // The targets' ratios, from the rows above.
+        let best = |sys: &str| {
+            self.rates
+                .iter()
+                .filter_map(|r| self.value(&format!("rows_per_s_{sys}_at_{r}")))
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        };
+        if let Some(retina) = best("retina") {
+            s.push('\n');
+            for sys in self.systems.iter().filter(|s| *s != "retina") {
+                let Some(theirs) = best(sys) else { continue };
+                let _ = write!(
+                    s,
+                    "- {sys}: Retina's best rows/s is {:.1}x {sys}'s best",
+                    retina / theirs
+                );
+                for r in self.rates.iter().filter(|r| *r != "max") {
+                    let p50 = |who: &str| self.value(&format!("p50_ms_{who}_at_{r}"));
+                    if let (Some(a), Some(b)) = (p50("retina"), p50(sys)) {
+                        let _ = write!(
+                            s,
+                            "; at {r} rows/s Retina's P50 freshness is {:.0}x better",
+                            b / a
+                        );
+                    }
+                }
+                s.push_str(".\n");
+            }
+        }
+        s.push('\n');
+    }
 }
 
 /// `BENCHMARKS.md`: every measurement's newest value, by results file, with the charts.
@@ -385,6 +595,9 @@ pub fn markdown(results: &Results, charts: &[(&str, Chart, &str)], chart_dir: &s
             "## {}\n\n![{}]({chart_dir}/{file})\n\n{paper}\n",
             chart.title, chart.title
         );
+    }
+    if let Some(peers) = results.get("peers") {
+        Peers::of(peers).markdown(&mut s);
     }
     s.push_str("## Every measurement\n\n");
     for (file, entries) in results {
@@ -479,5 +692,68 @@ mod tests {
         std::fs::write(dir.path().join("bad.jsonl"), "{\"name\":1}\n").unwrap();
         let err = load(dir.path()).unwrap_err();
         assert!(err.contains("bad.jsonl line 1"), "{err}");
+    }
+
+    #[test]
+    fn peers_become_log_charts_a_table_and_ratios() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |name: &str, v: f64| {
+            format!("{{\"at\":1,\"name\":\"{name}\",\"value\":{v},\"unit\":\"x\"}}\n")
+        };
+        let mut text = String::new();
+        for (sys, rows, p50) in [
+            ("retina", 100_000.0, 5.0),
+            ("delta_10000ms", 2_000.0, 9_000.0),
+            ("delta_1000ms", 4_000.0, 1_500.0),
+            ("duckdb", 30_000.0, 50.0),
+        ] {
+            for rate in ["10000", "max", "2000"] {
+                text += &line(&format!("rows_per_s_{sys}_at_{rate}"), rows);
+                text += &line(&format!("p50_ms_{sys}_at_{rate}"), p50);
+            }
+            text += &line(&format!("q1_ms_{sys}"), p50);
+        }
+        std::fs::write(dir.path().join("peers.jsonl"), text).unwrap();
+        let results = load(dir.path()).unwrap();
+        let peers = Peers::of(&results["peers"]);
+        assert_eq!(
+            peers.systems,
+            ["retina", "duckdb", "delta_1000ms", "delta_10000ms"]
+        );
+        assert_eq!(peers.rates, ["2000", "10000", "max"]);
+        let charts = charts(&results);
+        let names: Vec<&str> = charts.iter().map(|(f, ..)| *f).collect();
+        assert_eq!(
+            names,
+            [
+                "fig-peers-throughput.svg",
+                "fig-peers-freshness.svg",
+                "fig-peers-queries.svg"
+            ]
+        );
+        let fresh = &charts[1].1;
+        assert!(fresh.log);
+        assert_eq!(fresh.groups[0].0, "2K");
+        assert_eq!(
+            fresh.groups[0].1,
+            [Some(5.0), Some(50.0), Some(1500.0), Some(9000.0)]
+        );
+        // Decades from 1 to 10000 ms: the smallest bar still shows.
+        let svg = fresh.svg();
+        for tick in [">1<", ">10<", ">100<", ">1000<", ">10000<"] {
+            assert!(svg.contains(tick), "{tick} in {svg}");
+        }
+        let md = markdown(&results, &charts, "r");
+        assert!(
+            md.contains("| delta_1000ms | 10000 | 4000 | 1500 | - | - |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "- delta_1000ms: Retina's best rows/s is 25.0x delta_1000ms's best; \
+                 at 2000 rows/s Retina's P50 freshness is 300x better"
+            ),
+            "{md}"
+        );
     }
 }

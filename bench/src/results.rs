@@ -5,9 +5,12 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
 
-/// The results folder of the workspace (beside this crate's manifest).
+/// The results folder: `RETINA_BENCH_RESULTS` if set (tests point it at a temporary folder),
+/// else `bench/results/` of the workspace (beside this crate's manifest).
 pub fn results_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results")
+    std::env::var_os("RETINA_BENCH_RESULTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"))
 }
 
 /// Appends one measurement to `bench/results/{file}.jsonl`: `{"name":..,"value":..,"unit":..}`

@@ -151,6 +151,11 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
+    /// The same CH-benCHmark load and stream replayed into Retina, DuckDB and Delta Lake (at
+    /// several commit intervals) side by side: rows/s, freshness P50/P99 with the same
+    /// `max(fresh_ts)` monitor, and CH Q1/Q6/Q3 latency; the final states must agree. DuckDB and
+    /// Delta Lake need the binary built with `--features peers`.
+    Peers(crate::peers::PeersArgs),
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -186,6 +191,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             new_orders,
             runs,
         } => replay(&shards, warehouses, new_orders, runs),
+        BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,
             in_flight,
@@ -383,7 +389,7 @@ fn replay(
     Ok(())
 }
 
-fn now_us() -> i64 {
+pub(crate) fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
@@ -827,7 +833,7 @@ fn resources(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
 
 /// A node for a measurement over `data_dir`, serving queries on a free loopback port if
 /// `listen`.
-fn bench_node(
+pub(crate) fn bench_node(
     data_dir: std::path::PathBuf,
     catalog: Arc<Catalog>,
     settings: Settings,
@@ -1157,7 +1163,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

@@ -23,6 +23,8 @@ use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
 use retina_query::{Format, Retina, write_batches};
 
+use crate::bench::now_us;
+
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Seconds the change stream runs after the initial load.
@@ -44,7 +46,7 @@ pub struct DemoArgs {
 }
 
 /// The CH queries the demo runs at the end, as CH-benCHmark writes them for this schema.
-const QUERIES: [(&str, &str); 3] = [
+pub(crate) const QUERIES: [(&str, &str); 3] = [
     (
         "CH Q1: delivered order lines by line number",
         "SELECT ol_number, sum(ol_quantity) AS sum_qty, sum(ol_amount) AS sum_amount, \
@@ -78,7 +80,7 @@ const DISPLAY_EVERY: Duration = Duration::from_millis(250);
 /// How often the freshness monitor queries.
 const MONITOR_EVERY: Duration = Duration::from_millis(100);
 
-fn scale(name: &str) -> anyhow::Result<ChScale> {
+pub(crate) fn scale(name: &str) -> anyhow::Result<ChScale> {
     Ok(match name {
         "tiny" => ChScale::tiny(),
         "small" => ChScale {
@@ -466,10 +468,4 @@ fn rss_mib() -> f64 {
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);
     pages as f64 * 4096.0 / (1 << 20) as f64
-}
-
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }

@@ -2,10 +2,14 @@
 
 mod bench;
 mod demo;
+mod peers;
 mod serve;
 mod sql;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 // Replay allocates many short-lived rows and JSON values; mimalloc handles that pattern
 // markedly better than glibc's allocator (measured with `retina bench replay`).
@@ -51,9 +55,16 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: sets a process-wide allocator option by its documented index; no other thread
     // runs yet.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
+    // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO.
+    let quiet = tracing_subscriber::filter::Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("deltalake", LevelFilter::WARN)
+        .with_target("buoyant_kernel", LevelFilter::WARN);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .finish()
+        .with(quiet)
         .init();
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),

@@ -161,6 +161,25 @@ impl ColumnBuilder {
     }
 }
 
+/// The user's columns of `rows` (rows checked against `schema`) as Arrow arrays, in the
+/// table's column order and without `_create_ts`: rows handed to another Arrow consumer.
+pub fn user_columns<'a, R: RowRef + 'a>(
+    schema: &TableSchema,
+    rows: impl ExactSizeIterator<Item = &'a R>,
+) -> Vec<ArrayRef> {
+    let mut columns: Vec<_> = schema
+        .columns()
+        .iter()
+        .map(|c| ColumnBuilder::new(c.ty, rows.len()))
+        .collect();
+    for row in rows {
+        for (i, b) in columns.iter_mut().enumerate() {
+            b.push(row.value(i));
+        }
+    }
+    columns.iter_mut().map(|c| c.finish()).collect()
+}
+
 struct ActiveBlock {
     columns: Vec<ColumnBuilder>,
     create_ts: Vec<i64>,
