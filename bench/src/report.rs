@@ -518,6 +518,52 @@ impl<'a> Peers<'a> {
             .collect()
     }
 
+    /// Each peer against Retina: best rows/s against best rows/s (with the freshness each had
+    /// there), and freshness P50 at every fixed rate both ran.
+    fn ratios(&self) -> Vec<String> {
+        // The run with the most rows/s: (rate, rows/s).
+        let best = |sys: &str| {
+            self.rates
+                .iter()
+                .filter_map(|r| Some((r, self.value(&format!("rows_per_s_{sys}_at_{r}"))?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        let p50 = |sys: &str, r: &str| self.value(&format!("p50_ms_{sys}_at_{r}"));
+        let at = |sys: &str, r: &str| {
+            p50(sys, r).map_or(String::new(), |p| format!(", P50 {} ms", trim_number(p)))
+        };
+        let Some((retina_rate, retina)) = best("retina") else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for sys in self.systems.iter().filter(|s| *s != "retina") {
+            let Some((rate, theirs)) = best(sys) else {
+                continue;
+            };
+            let mut line = format!(
+                "{sys}: Retina's best rows/s is {:.1}x {sys}'s best ({} at {retina_rate}{} \
+                 against {} at {rate}{})",
+                retina / theirs,
+                trim_number(retina),
+                at("retina", retina_rate),
+                trim_number(theirs),
+                at(sys, rate),
+            );
+            for r in self.rates.iter().filter(|r| *r != "max") {
+                if let (Some(a), Some(b)) = (p50("retina", r), p50(sys, r)) {
+                    let _ = write!(
+                        line,
+                        "; at {r} rows/s Retina's P50 freshness is {:.0}x better",
+                        b / a
+                    );
+                }
+            }
+            line.push('.');
+            out.push(line);
+        }
+        out
+    }
+
     /// The side-by-side table and the ratios the targets name.
     fn markdown(&self, s: &mut String) {
         let cell = |v: Option<f64>| v.map_or("-".to_owned(), trim_number);
@@ -548,37 +594,20 @@ impl<'a> Peers<'a> {
             let q = |q: &str| cell(self.value(&format!("{q}_ms_{sys}")));
             let _ = writeln!(s, "| {sys} | {} | {} | {} |", q("q1"), q("q6"), q("q3"));
         }
-        // The targets' ratios, from the rows above.
-        let best = |sys: &str| {
-            self.rates
-                .iter()
-                .filter_map(|r| self.value(&format!("rows_per_s_{sys}_at_{r}")))
-                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
-        };
-        if let Some(retina) = best("retina") {
+        let ratios = self.ratios();
+        if !ratios.is_empty() {
             s.push('\n');
-            for sys in self.systems.iter().filter(|s| *s != "retina") {
-                let Some(theirs) = best(sys) else { continue };
-                let _ = write!(
-                    s,
-                    "- {sys}: Retina's best rows/s is {:.1}x {sys}'s best",
-                    retina / theirs
-                );
-                for r in self.rates.iter().filter(|r| *r != "max") {
-                    let p50 = |who: &str| self.value(&format!("p50_ms_{who}_at_{r}"));
-                    if let (Some(a), Some(b)) = (p50("retina"), p50(sys)) {
-                        let _ = write!(
-                            s,
-                            "; at {r} rows/s Retina's P50 freshness is {:.0}x better",
-                            b / a
-                        );
-                    }
-                }
-                s.push_str(".\n");
+            for r in ratios {
+                let _ = writeln!(s, "- {r}");
             }
         }
         s.push('\n');
     }
+}
+
+/// The peers' ratios to Retina (`retina bench peers` prints them at the end of a run).
+pub fn peer_ratios(entries: &BTreeMap<String, Measurement>) -> Vec<String> {
+    Peers::of(entries).ratios()
 }
 
 /// `BENCHMARKS.md`: every measurement's newest value, by results file, with the charts.
@@ -750,7 +779,8 @@ mod tests {
         );
         assert!(
             md.contains(
-                "- delta_1000ms: Retina's best rows/s is 25.0x delta_1000ms's best; \
+                "- delta_1000ms: Retina's best rows/s is 25.0x delta_1000ms's best \
+                 (100000 at max, P50 5 ms against 4000 at max, P50 1500 ms); \
                  at 2000 rows/s Retina's P50 freshness is 300x better"
             ),
             "{md}"

@@ -55,11 +55,12 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: sets a process-wide allocator option by its documented index; no other thread
     // runs yet.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
-    // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO.
+    // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO, and routine
+    // MERGE metrics at WARN.
     let quiet = tracing_subscriber::filter::Targets::new()
         .with_default(LevelFilter::TRACE)
-        .with_target("deltalake", LevelFilter::WARN)
-        .with_target("buoyant_kernel", LevelFilter::WARN);
+        .with_target("deltalake", LevelFilter::ERROR)
+        .with_target("buoyant_kernel", LevelFilter::ERROR);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)

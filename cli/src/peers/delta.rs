@@ -21,7 +21,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use retina_bench::workload::Txn;
 use retina_storage::{RowOp, TableSchema, Value, user_columns};
 
-use super::{Reader, Target, dir_bytes, first_row_ints};
+use super::{Collapsed, Reader, Target, dir_bytes, first_row_ints};
 
 /// The merge source's column that marks a deletion.
 const DELETED: &str = "_deleted";
@@ -32,8 +32,8 @@ pub(super) struct DeltaTarget {
     schemas: Vec<Arc<TableSchema>>,
     /// Each table's newest version as this writer committed it (taken while an operation runs).
     tables: Vec<Option<DeltaTable>>,
-    /// Per table: each changed key's newest row, and whether it was deleted.
-    pending: Vec<HashMap<Vec<u8>, (bool, Vec<Value>)>>,
+    /// The changes since the last commit.
+    pending: Collapsed,
     commit_every: Duration,
     next_commit: Instant,
 }
@@ -60,25 +60,19 @@ impl DeltaTarget {
             root,
             schemas: schemas.to_vec(),
             tables,
-            pending: schemas.iter().map(|_| HashMap::new()).collect(),
+            pending: Collapsed::new(schemas),
             commit_every,
             next_commit: Instant::now() + commit_every,
         })
     }
 
-    fn buffer(&mut self, table: usize, deleted: bool, row: Vec<Value>) {
-        let mut key = Vec::new();
-        retina_storage::key::encode_key(&self.schemas[table], &row, &mut key);
-        self.pending[table].insert(key, (deleted, row));
-    }
-
     /// MERGEs every table's buffered changes, one Delta commit per changed table.
     fn commit(&mut self) -> anyhow::Result<()> {
         for t in 0..self.schemas.len() {
-            if self.pending[t].is_empty() {
+            let changes = self.pending.take(t);
+            if changes.is_empty() {
                 continue;
             }
-            let changes = std::mem::take(&mut self.pending[t]);
             let schema = self.schemas[t].clone();
             let table = self.tables[t].take().expect("a table between operations");
             let merged = self
@@ -167,22 +161,7 @@ impl Target for DeltaTarget {
     }
 
     fn apply(&mut self, txns: Vec<Txn>) -> anyhow::Result<()> {
-        for op in txns.into_iter().flatten() {
-            let t = op.table as usize;
-            match op.op {
-                RowOp::Insert(row) => self.buffer(t, false, row),
-                RowOp::Update { before, after } => {
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    retina_storage::key::encode_key(&self.schemas[t], &before, &mut b);
-                    retina_storage::key::encode_key(&self.schemas[t], &after, &mut a);
-                    if a != b {
-                        self.buffer(t, true, before);
-                    }
-                    self.buffer(t, false, after);
-                }
-                RowOp::Delete(row) => self.buffer(t, true, row),
-            }
-        }
+        self.pending.add(txns);
         Ok(())
     }
 

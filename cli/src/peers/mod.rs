@@ -401,29 +401,32 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ratios the targets name, from this run's rows.
+/// The ratios the targets name, from this run's rows (as `retina bench report` words
+/// them).
 fn summarize(table: &[(String, Option<u64>, Outcome)]) {
-    let retina: Vec<_> = table.iter().filter(|(l, ..)| l == "retina").collect();
-    let Some(best) = retina
-        .iter()
-        .map(|(_, _, o)| o.rows_per_s())
-        .max_by(f64::total_cmp)
-    else {
-        return;
-    };
-    println!();
-    for (label, rate, o) in table.iter().filter(|(l, ..)| l != "retina") {
-        let same_rate = retina.iter().find(|(_, r, _)| r == rate);
-        let fresher = same_rate.and_then(|(_, _, r)| Some(o.percentile(50)? / r.percentile(50)?));
-        println!(
-            "{label} at {}: Retina's best rows/s is {:.1}x its {:.0} rows/s{}",
-            rate_label(*rate),
-            best / o.rows_per_s(),
-            o.rows_per_s(),
-            fresher.map_or(String::new(), |f| format!(
-                "; at this rate Retina's freshness P50 is {f:.0}x better"
-            ))
-        );
+    use retina_bench::report::Measurement;
+    let mut entries = std::collections::BTreeMap::new();
+    for (label, rate, o) in table {
+        let at = rate_label(*rate);
+        let mut put = |name: &str, value: Option<f64>| {
+            if let Some(value) = value {
+                let m = Measurement {
+                    at: 0,
+                    value,
+                    unit: String::new(),
+                };
+                entries.insert(format!("{name}_{label}_at_{at}"), m);
+            }
+        };
+        put("rows_per_s", Some(o.rows_per_s()));
+        put("p50_ms", o.percentile(50));
+    }
+    let ratios = retina_bench::report::peer_ratios(&entries);
+    if !ratios.is_empty() {
+        println!();
+    }
+    for r in ratios {
+        println!("{r}");
     }
 }
 
@@ -676,4 +679,55 @@ fn dir_bytes(dir: &Path) -> u64 {
             _ => e.metadata().map_or(0, |m| m.len()),
         })
         .sum()
+}
+
+/// Source transactions collapsed, per table, to each changed key's newest row or its deletion:
+/// what the batch-oriented peers apply as one set-based change.
+#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
+struct Collapsed {
+    schemas: Vec<Arc<retina_storage::TableSchema>>,
+    /// Per table: encoded key to (deleted, row).
+    tables: Vec<std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)>>,
+}
+
+#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
+impl Collapsed {
+    fn new(schemas: &[Arc<retina_storage::TableSchema>]) -> Self {
+        Collapsed {
+            schemas: schemas.to_vec(),
+            tables: schemas.iter().map(|_| Default::default()).collect(),
+        }
+    }
+
+    fn key(&self, table: usize, row: &Vec<Value>) -> Vec<u8> {
+        let mut key = Vec::new();
+        retina_storage::key::encode_key(&self.schemas[table], row, &mut key);
+        key
+    }
+
+    /// Folds `txns` in, in order.
+    fn add(&mut self, txns: Vec<Txn>) {
+        for op in txns.into_iter().flatten() {
+            let t = op.table as usize;
+            let (deleted, row, moved_from) = match op.op {
+                RowOp::Insert(row) => (false, row, None),
+                RowOp::Update { before, after } => (false, after, Some(before)),
+                RowOp::Delete(row) => (true, row, None),
+            };
+            // An update that changes the key deletes the old one.
+            if let Some(before) = moved_from {
+                let old = self.key(t, &before);
+                if old != self.key(t, &row) {
+                    self.tables[t].insert(old, (true, before));
+                }
+            }
+            let key = self.key(t, &row);
+            self.tables[t].insert(key, (deleted, row));
+        }
+    }
+
+    /// Table `table`'s changes, leaving none.
+    fn take(&mut self, table: usize) -> std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)> {
+        std::mem::take(&mut self.tables[table])
+    }
 }
