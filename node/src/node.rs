@@ -1107,17 +1107,19 @@ async fn coordinator_main(
                     let p = c.state.persisted_with(record);
                     if c.persist(p).await {
                         let replaced = c.state.checkpoint_recorded(record);
-                        c.status.checkpoint_id.store(record.id, Ordering::Release);
-                        c.status
-                            .checkpoint_ts
-                            .store(record.ts.get(), Ordering::Release);
-                        tracing::debug!("checkpoint {} at {} is complete", record.id, record.ts);
+                        // The checkpoint it replaced goes before the new one is published, so
+                        // that a published checkpoint is the only one on disk.
                         if let Some(old) = replaced {
                             let dir = checkpoint_dir(&c.data_dir, old.id);
                             if let Err(e) = std::fs::remove_dir_all(&dir) {
                                 tracing::warn!("removing {}: {e}", dir.display());
                             }
                         }
+                        c.status.checkpoint_id.store(record.id, Ordering::Release);
+                        c.status
+                            .checkpoint_ts
+                            .store(record.ts.get(), Ordering::Release);
+                        tracing::debug!("checkpoint {} at {} is complete", record.id, record.ts);
                     }
                 } else if !ok {
                     let dir = checkpoint_dir(&c.data_dir, id);
