@@ -52,7 +52,8 @@ impl DeltaTarget {
             .iter()
             .map(|s| {
                 let url = deltalake::ensure_table_uri(root.join(s.name()).to_string_lossy())?;
-                Ok(Some(runtime.block_on(DeltaTable::try_from_url(url))?))
+                // Not loaded: the folder is empty, and the first write creates the table.
+                Ok(Some(deltalake::DeltaTableBuilder::from_url(url)?.build()?))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(DeltaTarget {
