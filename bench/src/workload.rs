@@ -54,6 +54,18 @@ impl FreshClock {
     }
 }
 
+/// Sets `fresh_ts` of every after-image in `txn` to `now_us` (a driver emitting a stream at a
+/// rate stamps each transaction as it emits it); `fresh_cols[t]` is table `t`'s column.
+pub fn stamp_fresh(txn: &mut [TableOp<Vec<Value>>], now_us: i64, fresh_cols: &[usize]) {
+    for op in txn {
+        let col = fresh_cols[op.table as usize];
+        match &mut op.op {
+            RowOp::Insert(r) | RowOp::Update { after: r, .. } => r[col] = Value::Timestamp(now_us),
+            RowOp::Delete(_) => {}
+        }
+    }
+}
+
 pub(crate) fn int(v: &Value) -> i64 {
     match v {
         Value::Int(i) => *i,

@@ -451,7 +451,7 @@ fn freshness(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
         anyhow::ensure!(!samples.is_empty(), "no freshness sample");
         let p50 = median(&mut samples);
-        let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+        let p99 = percentile(&mut samples, 99).expect("at least one sample");
         println!("{rate:>10} {p50:>14.1} {p99:>14.1} {:>9}", samples.len());
         let _ = record(
             "freshness",
@@ -529,7 +529,7 @@ fn spawn_driver(
     rate: u64,
 ) -> (Arc<AtomicBool>, std::thread::JoinHandle<anyhow::Result<()>>) {
     use retina_bench::ch::REPLAY_FRESH_TS;
-    use retina_storage::{RowOp, Value};
+    use retina_bench::workload::stamp_fresh;
     let stop = Arc::new(AtomicBool::new(false));
     let driver = {
         let stop = stop.clone();
@@ -543,16 +543,7 @@ fn spawn_driver(
                 let mut group = Vec::new();
                 while sent < due {
                     let Some(mut txn) = pending.next() else { break };
-                    let stamp = now_us();
-                    for op in &mut txn {
-                        let col = REPLAY_FRESH_TS[op.table as usize];
-                        match &mut op.op {
-                            RowOp::Insert(r) | RowOp::Update { after: r, .. } => {
-                                r[col] = Value::Timestamp(stamp)
-                            }
-                            RowOp::Delete(_) => {}
-                        }
-                    }
+                    stamp_fresh(&mut txn, now_us(), &REPLAY_FRESH_TS);
                     sent += txn.len() as u64;
                     group.push(txn);
                 }
@@ -622,7 +613,7 @@ fn gc(intervals_ms: &[u64], seconds: u64, rate: u64, shards: u16) -> anyhow::Res
             .map(|m| m.visibility_bytes.load(Ordering::Relaxed))
             .sum();
         let p50 = median(&mut samples);
-        let p99 = samples[(samples.len() * 99 / 100).min(samples.len() - 1)];
+        let p99 = percentile(&mut samples, 99).expect("at least one sample");
         println!(
             "{interval:>12} {p50:>9.1} {p99:>9.1} {:>8} {runs:>8} {rewritten:>10} {:>14.2}",
             samples.len(),
@@ -1026,7 +1017,7 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
             .join()
             .map_err(|e| anyhow::anyhow!("client executor: {e}"))?;
     let p50 = median(&mut latencies);
-    let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
+    let p99 = percentile(&mut latencies, 99).expect("at least one sample");
     println!(
         "bitmap requests over loopback (4,096-row row group, 512-byte bitmap): p50 {p50:.0} us, p99 {p99:.0} us one at a time; {per_second:.0} requests/s with {in_flight} in flight"
     );
@@ -1166,4 +1157,11 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The `p`th percentile of `v` (sorting it); `None` when it is empty.
+pub(crate) fn percentile(v: &mut [f64], p: usize) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get((v.len() * p / 100).min(v.len().saturating_sub(1)))
+        .copied()
 }

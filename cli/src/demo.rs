@@ -23,7 +23,7 @@ use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
 use retina_query::{Format, Retina, write_batches};
 
-use crate::bench::now_us;
+use crate::bench::{now_us, percentile};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -109,12 +109,7 @@ impl Progress {
     /// Freshness P50 and P99 so far, and the samples.
     fn freshness(&self) -> (Option<f64>, Option<f64>, usize) {
         let mut f = self.freshness_ms.lock().expect("freshness lock").clone();
-        f.sort_by(f64::total_cmp);
-        let at = |p: usize| {
-            f.get((f.len() * p / 100).min(f.len().saturating_sub(1)))
-                .copied()
-        };
-        (at(50), at(99), f.len())
+        (percentile(&mut f, 50), percentile(&mut f, 99), f.len())
     }
 }
 

@@ -30,13 +30,14 @@ use anyhow::Context;
 use arrow::record_batch::RecordBatch;
 use retina_bench::chgen::{ChGen, FreshClock, schemas};
 use retina_bench::results::record;
-use retina_bench::workload::Txn;
+use retina_bench::workload::{Txn, stamp_fresh};
 use retina_node::catalog::Catalog;
 use retina_node::node::Node;
 use retina_node::settings::Settings;
+#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
 use retina_storage::{RowOp, Value};
 
-use crate::bench::{bench_node, median, now_us};
+use crate::bench::{bench_node, median, now_us, percentile};
 
 #[derive(clap::Args)]
 pub struct PeersArgs {
@@ -247,10 +248,7 @@ impl Outcome {
     }
 
     fn percentile(&self, p: usize) -> Option<f64> {
-        let mut f = self.freshness_ms.clone();
-        f.sort_by(f64::total_cmp);
-        f.get((f.len() * p / 100).min(f.len().saturating_sub(1)))
-            .copied()
+        percentile(&mut self.freshness_ms.clone(), p)
     }
 }
 
@@ -471,7 +469,7 @@ fn drive(
                 }
             }
             let mut txn = txn.clone();
-            stamp(&mut txn, now_us(), &fresh_cols);
+            stamp_fresh(&mut txn, now_us(), &fresh_cols);
             sent += txn.len() as u64;
             if tx.send(txn).is_err() {
                 break;
@@ -516,17 +514,6 @@ fn drive(
     })
 }
 
-/// Sets every after-image's `fresh_ts` to `now`.
-fn stamp(txn: &mut Txn, now: i64, fresh_cols: &[usize]) {
-    for op in txn {
-        let col = fresh_cols[op.table as usize];
-        match &mut op.op {
-            RowOp::Insert(r) | RowOp::Update { after: r, .. } => r[col] = Value::Timestamp(now),
-            RowOp::Delete(_) => {}
-        }
-    }
-}
-
 /// Every 100 ms until stopped: the newest `fresh_ts` of district, and freshness = the time
 /// the query started minus it. Before a change of the run is visible, the run's start stands
 /// in for it (the system is as stale as the run is old).
@@ -551,7 +538,7 @@ fn monitor(
 /// Retina: an embedded node; the queries go through the Cap'n Proto query path and the
 /// DataFusion connector, as `retina sql` does.
 struct RetinaTarget {
-    _dir: std::path::PathBuf,
+    data_dir: std::path::PathBuf,
     node: Option<Node>,
     last: u64,
 }
@@ -564,7 +551,7 @@ impl RetinaTarget {
         }
         let node = bench_node(dir.join("data"), catalog, settings, true)?;
         Ok(RetinaTarget {
-            _dir: dir.join("data"),
+            data_dir: dir.join("data"),
             node: Some(node),
             last: 0,
         })
@@ -614,7 +601,7 @@ impl Target for RetinaTarget {
     }
 
     fn disk_bytes(&self) -> u64 {
-        dir_bytes(&self._dir)
+        dir_bytes(&self.data_dir)
     }
 }
 
