@@ -7,7 +7,6 @@
 //! does it. Readers refresh each table they query to its newest version and scan it through
 //! delta-rs's DataFusion provider: the same SQL engine Retina's connector uses.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ use deltalake::datafusion::prelude::SessionContext;
 use retina_bench::workload::Txn;
 use retina_storage::{RowOp, TableSchema, Value, user_columns};
 
-use super::{Collapsed, Reader, Target, dir_bytes, first_row_ints};
+use super::{Collapsed, KeyChanges, Reader, Target, dir_bytes, first_row_ints};
 
 /// The merge source's column that marks a deletion.
 const DELETED: &str = "_deleted";
@@ -95,7 +94,7 @@ fn arrow_schema(schema: &TableSchema) -> Schema {
 async fn merge(
     table: DeltaTable,
     schema: &TableSchema,
-    changes: HashMap<Vec<u8>, (bool, Vec<Value>)>,
+    changes: KeyChanges,
 ) -> anyhow::Result<DeltaTable> {
     let mut fields = arrow_schema(schema).fields().to_vec();
     fields.push(Arc::new(Field::new(DELETED, DataType::Boolean, false)));

@@ -668,13 +668,16 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// One table's collapsed changes: encoded key to (deleted, newest row).
+#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
+pub(crate) type KeyChanges = std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)>;
+
 /// Source transactions collapsed, per table, to each changed key's newest row or its deletion:
 /// what the batch-oriented peers apply as one set-based change.
 #[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
 struct Collapsed {
     schemas: Vec<Arc<retina_storage::TableSchema>>,
-    /// Per table: encoded key to (deleted, row).
-    tables: Vec<std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)>>,
+    tables: Vec<KeyChanges>,
 }
 
 #[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
@@ -714,7 +717,7 @@ impl Collapsed {
     }
 
     /// Table `table`'s changes, leaving none.
-    fn take(&mut self, table: usize) -> std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)> {
+    fn take(&mut self, table: usize) -> KeyChanges {
         std::mem::take(&mut self.tables[table])
     }
 }
