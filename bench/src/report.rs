@@ -295,7 +295,7 @@ fn thousands(x: u64) -> String {
 }
 
 /// The charts the results allow: (file name, chart, the paper's figure beside it).
-pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
+pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
     let empty = BTreeMap::new();
     let get = |f: &str| results.get(f).unwrap_or(&empty);
     let mut out = Vec::new();
@@ -312,9 +312,9 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
         1.0,
     ) {
         out.push((
-            "fig-freshness.svg",
+            "fig-freshness.svg".into(),
             c,
-            "Paper: P50 about 10 ms, P99 under 250 ms per node; CH-benCHmark W10000 at 80K rows/s: P99 103 ms.",
+            "Paper: P50 about 10 ms, P99 under 250 ms per node; CH-benCHmark W10000 at 80K rows/s: P99 103 ms.".into(),
         ));
     }
     if let Some(c) = chart_by_key(
@@ -330,9 +330,9 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
         1e-3,
     ) {
         out.push((
-            "fig-replay.svg",
+            "fig-replay.svg".into(),
             c,
-            "Paper: about 200K rows/s per 16-vCPU node, 3.2M rows/s on 16 nodes.",
+            "Paper: about 200K rows/s per 16-vCPU node, 3.2M rows/s on 16 nodes.".into(),
         ));
     }
     if let Some(c) = chart_by_key(
@@ -348,9 +348,9 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
         1.0,
     ) {
         out.push((
-            "fig-gc.svg",
+            "fig-gc.svg".into(),
             c,
-            "Paper: flat query latency for GC intervals from 10 s to 240 s.",
+            "Paper: flat query latency for GC intervals from 10 s to 240 s.".into(),
         ));
     }
     if let Some(c) = chart_by_key(
@@ -365,31 +365,38 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
         thousands,
         1.0,
     ) {
-        out.push(("fig-recovery.svg", c, "Not in the paper."));
+        out.push(("fig-recovery.svg".into(), c, "Not in the paper.".into()));
     }
-    let peers = Peers::of(get("peers"));
-    if !peers.systems.is_empty() {
-        for (file, metric, title, y_label, paper) in [
+    for (file, entries) in peer_files(results) {
+        let peers = Peers::of(entries);
+        if peers.systems.is_empty() {
+            continue;
+        }
+        let data = dataset(file);
+        for (metric, what, y_label, note) in [
             (
-                "fig-peers-throughput.svg",
-                "rows_per_s",
-                "Peers: rows/s replayed, the same CH stream",
+                "throughput",
+                "rows/s replayed",
                 "rows/s (log)",
                 "Retina against DuckDB and Delta Lake (delta-rs MERGE at each commit interval); \
                  `max` emits as fast as each system takes the stream.",
             ),
             (
-                "fig-peers-freshness.svg",
-                "p50_ms",
-                "Peers: freshness P50, the same max(fresh_ts) monitor",
+                "freshness",
+                "freshness P50, the same max(fresh_ts) monitor",
                 "ms (log)",
                 "Freshness = query start - newest visible fresh_ts, every 100 ms.",
             ),
         ] {
+            let key = if metric == "throughput" {
+                "rows_per_s"
+            } else {
+                "p50_ms"
+            };
             out.push((
-                file,
+                format!("fig-{file}-{metric}.svg"),
                 Chart {
-                    title: title.into(),
+                    title: format!("Peers ({data}): {what}"),
                     x_label: "rows/s emitted".into(),
                     y_label: y_label.into(),
                     series: peers.systems.clone(),
@@ -398,18 +405,18 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
                         .iter()
                         .map(|r| {
                             let x = r.parse().map_or(r.clone(), thousands);
-                            (x, peers.column(metric, r))
+                            (x, peers.column(key, r))
                         })
                         .collect(),
                     log: true,
                 },
-                paper,
+                note.into(),
             ));
         }
         out.push((
-            "fig-peers-queries.svg",
+            format!("fig-{file}-queries.svg"),
             Chart {
-                title: "Peers: CH queries on the final state".into(),
+                title: format!("Peers ({data}): CH queries on the final state"),
                 x_label: "query".into(),
                 y_label: "ms (log)".into(),
                 series: peers.systems.clone(),
@@ -428,7 +435,7 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
                     .collect(),
                 log: true,
             },
-            "Median of runs after the last rate's stream; the same SQL on every system.",
+            "Median of runs after the last rate's stream; the same SQL on every system.".into(),
         ));
     }
     let consistency = get("consistency");
@@ -443,7 +450,7 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
         .collect();
     if !queries.is_empty() {
         out.push((
-            "fig-consistency.svg",
+            "fig-consistency.svg".into(),
             Chart {
                 title: "Query latency under a 10K rows/s stream, normalized to static".into(),
                 x_label: "query".into(),
@@ -455,10 +462,29 @@ pub fn charts(results: &Results) -> Vec<(&'static str, Chart, &'static str)> {
                     .collect(),
                 log: false,
             },
-            "Paper: normalized latency about 1.04 from 10K to 160K rows/s.",
+            "Paper: normalized latency about 1.04 from 10K to 160K rows/s.".into(),
         ));
     }
     out
+}
+
+/// The peers' results files: `peers` (CH at 1 warehouse) and `peers-<scale>`, one section each.
+fn peer_files(results: &Results) -> impl Iterator<Item = (&str, &BTreeMap<String, Measurement>)> {
+    results
+        .iter()
+        .filter(|(f, _)| *f == "peers" || f.starts_with("peers-"))
+        .map(|(f, e)| (f.as_str(), e))
+}
+
+/// The dataset a peers results file holds, in words.
+fn dataset(file: &str) -> String {
+    match file.strip_prefix("peers-") {
+        None => "CH, 1 warehouse".into(),
+        Some(scale) => match scale.strip_prefix("tpcc").map(str::parse::<u64>) {
+            Some(Ok(w)) => format!("CH, {w} warehouses"),
+            _ => format!("CH, {scale}"),
+        },
+    }
 }
 
 /// The peers results (`retina bench peers`): systems and rates as measured, in order.
@@ -565,13 +591,17 @@ impl<'a> Peers<'a> {
     }
 
     /// The side-by-side table and the ratios the targets name.
-    fn markdown(&self, s: &mut String) {
+    fn markdown(&self, data: &str, s: &mut String) {
         let cell = |v: Option<f64>| v.map_or("-".to_owned(), trim_number);
-        s.push_str("## Peers side by side\n\n");
+        let _ = writeln!(s, "## Peers side by side ({data})\n");
         s.push_str(
             "`retina bench peers`: the same CH-benCHmark load and stream, the same \
-             `max(fresh_ts)` monitor and the same queries for every system, in one run.\n\n",
+             `max(fresh_ts)` monitor and the same queries for every system, in one run.",
         );
+        if let Some(rows) = self.value("load_rows") {
+            let _ = write!(s, " The initial load: {} rows.", trim_number(rows));
+        }
+        s.push_str("\n\n");
         s.push_str("| system | rows/s emitted | rows/s replayed | freshness P50 ms | P99 ms | lag after the last emit, s |\n| --- | --- | --- | --- | --- | --- |\n");
         for sys in &self.systems {
             for r in &self.rates {
@@ -611,7 +641,7 @@ pub fn peer_ratios(entries: &BTreeMap<String, Measurement>) -> Vec<String> {
 }
 
 /// `BENCHMARKS.md`: every measurement's newest value, by results file, with the charts.
-pub fn markdown(results: &Results, charts: &[(&str, Chart, &str)], chart_dir: &str) -> String {
+pub fn markdown(results: &Results, charts: &[(String, Chart, String)], chart_dir: &str) -> String {
     let mut s = String::from(
         "# Benchmarks\n\nWritten by `retina bench report` from the newest value of each \
          measurement in `bench/results/*.jsonl`. Measured on the machine the runs were made on \
@@ -625,8 +655,8 @@ pub fn markdown(results: &Results, charts: &[(&str, Chart, &str)], chart_dir: &s
             chart.title, chart.title
         );
     }
-    if let Some(peers) = results.get("peers") {
-        Peers::of(peers).markdown(&mut s);
+    for (file, entries) in peer_files(results) {
+        Peers::of(entries).markdown(&dataset(file), &mut s);
     }
     s.push_str("## Every measurement\n\n");
     for (file, entries) in results {
@@ -742,7 +772,10 @@ mod tests {
             }
             text += &line(&format!("q1_ms_{sys}"), p50);
         }
-        std::fs::write(dir.path().join("peers.jsonl"), text).unwrap();
+        std::fs::write(dir.path().join("peers.jsonl"), &text).unwrap();
+        // A second scale: its own charts and section.
+        text += &line("load_rows", 2_400_000.0);
+        std::fs::write(dir.path().join("peers-tpcc4.jsonl"), text).unwrap();
         let results = load(dir.path()).unwrap();
         let peers = Peers::of(&results["peers"]);
         assert_eq!(
@@ -751,14 +784,21 @@ mod tests {
         );
         assert_eq!(peers.rates, ["2000", "10000", "max"]);
         let charts = charts(&results);
-        let names: Vec<&str> = charts.iter().map(|(f, ..)| *f).collect();
+        let names: Vec<&str> = charts.iter().map(|(f, ..)| f.as_str()).collect();
         assert_eq!(
             names,
             [
                 "fig-peers-throughput.svg",
                 "fig-peers-freshness.svg",
-                "fig-peers-queries.svg"
+                "fig-peers-queries.svg",
+                "fig-peers-tpcc4-throughput.svg",
+                "fig-peers-tpcc4-freshness.svg",
+                "fig-peers-tpcc4-queries.svg"
             ]
+        );
+        assert_eq!(
+            charts[3].1.title,
+            "Peers (CH, 4 warehouses): rows/s replayed"
         );
         let fresh = &charts[1].1;
         assert!(fresh.log);
@@ -773,6 +813,15 @@ mod tests {
             assert!(svg.contains(tick), "{tick} in {svg}");
         }
         let md = markdown(&results, &charts, "r");
+        assert!(
+            md.contains("## Peers side by side (CH, 1 warehouse)\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("## Peers side by side (CH, 4 warehouses)\n")
+                && md.contains("The initial load: 2400000 rows."),
+            "{md}"
+        );
         assert!(
             md.contains("| delta_1000ms | 10000 | 4000 | 1500 | - | - |"),
             "{md}"

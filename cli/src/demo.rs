@@ -34,7 +34,8 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 20_000)]
     rate: u64,
     /// Dataset size: `small` (1 warehouse, 300 customers and orders per district, 10,000
-    /// items), `tiny` (for tests) or `tpcc` (1 warehouse at TPC-C's full size).
+    /// items), `tiny` (for tests), `tpcc` (1 warehouse at TPC-C's full size) or `tpcc:N`
+    /// (N warehouses).
     #[arg(long, default_value = "small")]
     scale: String,
     /// Replayer shards (default: one per core).
@@ -92,7 +93,13 @@ pub(crate) fn scale(name: &str) -> anyhow::Result<ChScale> {
             ..ChScale::tpcc(1)
         },
         "tpcc" => ChScale::tpcc(1),
-        other => anyhow::bail!("unknown scale `{other}`: small, tiny or tpcc"),
+        other => match other.strip_prefix("tpcc:").map(str::parse::<i64>) {
+            Some(Ok(w)) if (1..=1000).contains(&w) => ChScale::tpcc(w),
+            _ => anyhow::bail!(
+                "unknown scale `{other}`: small, tiny, tpcc (1 warehouse) or tpcc:N \
+                 (N warehouses, 1 to 1000)"
+            ),
+        },
     })
 }
 
@@ -463,4 +470,27 @@ fn rss_mib() -> f64 {
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);
     pages as f64 * 4096.0 / (1 << 20) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_by_name_and_by_warehouses() {
+        assert_eq!(scale("tpcc").unwrap().warehouses, 1);
+        let four = scale("tpcc:4").unwrap();
+        assert_eq!(four.warehouses, 4);
+        assert_eq!(
+            four.customers_per_district,
+            ChScale::tpcc(1).customers_per_district
+        );
+        for bad in ["tpcc:0", "tpcc:x", "tpcc:", "huge"] {
+            let err = scale(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("`{bad}`")) && err.contains("tpcc:N"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -59,7 +59,8 @@ pub struct PeersArgs {
     /// MERGEd), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     delta_commit_ms: Vec<u64>,
-    /// Dataset: `tpcc` (1 warehouse at TPC-C's full size), `small` or `tiny`.
+    /// Dataset: `tpcc` (1 warehouse at TPC-C's full size), `tpcc:N` (N warehouses), `small`
+    /// or `tiny`. Results go to `peers.jsonl` for `tpcc`, else to `peers-<scale>.jsonl`.
     #[arg(long, default_value = "tpcc")]
     scale: String,
     /// Runs of each query on the final state; the median is reported.
@@ -254,6 +255,7 @@ impl Outcome {
 
 pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     let scale = crate::demo::scale(&args.scale)?;
+    let results = results_file(&args.scale);
     let systems = parse_systems(&args.systems, &args.delta_commit_ms)?;
     let rates = parse_rates(&args.rates)?;
     anyhow::ensure!(args.seconds > 0, "--seconds must be positive");
@@ -279,6 +281,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     );
     let load = ChGen::new(scale, SEED).load(LOAD_ROWS_PER_TXN);
     let load_rows: usize = load.iter().map(Vec::len).sum();
+    let _ = record(&results, "load_rows", load_rows as f64, "rows");
     println!(
         "  load: {load_rows} rows; stream: {} s per fixed rate, {} rows at max",
         args.seconds, args.max_rows
@@ -339,7 +342,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
             }
             let at = rate_label(rate);
             let rec = |name: &str, v: f64, unit: &str| {
-                let _ = record("peers", &format!("{name}_{label}_at_{at}"), v, unit);
+                let _ = record(&results, &format!("{name}_{label}_at_{at}"), v, unit);
             };
             rec("rows_per_s", outcome.rows_per_s(), "rows/s");
             rec("lag_s", outcome.lag_s, "s");
@@ -366,7 +369,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
                     *m = median(&mut runs);
                 }
                 for (q, v) in ["q1", "q6", "q3"].iter().zip(ms) {
-                    let _ = record("peers", &format!("{q}_ms_{label}"), v, "ms");
+                    let _ = record(&results, &format!("{q}_ms_{label}"), v, "ms");
                 }
                 query_ms.push((label.clone(), ms));
             }
@@ -388,7 +391,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     println!(
         "(results appended to {})",
         retina_bench::results::results_dir()
-            .join("peers.jsonl")
+            .join(format!("{results}.jsonl"))
             .display()
     );
     anyhow::ensure!(
@@ -401,6 +404,15 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
 
 /// The ratios the targets name, from this run's rows (as `retina bench report` words
 /// them).
+/// The results file (without `.jsonl`) for a dataset: each scale its own side-by-side section in
+/// `retina bench report`.
+fn results_file(scale: &str) -> String {
+    match scale {
+        "tpcc" => "peers".into(),
+        other => format!("peers-{}", other.replace(':', "")),
+    }
+}
+
 fn summarize(table: &[(String, Option<u64>, Outcome)]) {
     use retina_bench::report::Measurement;
     let mut entries = std::collections::BTreeMap::new();
