@@ -34,10 +34,11 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
+use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use retina_node::client::file_bitmap;
 use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
-use retina_storage::file::{filter_visible, get, read_visible};
+use retina_storage::file::filter_visible;
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::{Snapshot, external};
@@ -235,24 +236,100 @@ impl TableProvider for RetinaTable {
             inputs.push(project_out(filtered)?);
         }
 
-        // The write buffers: in-memory blocks as they came, flushed blocks and files combined
-        // after the plan was made read whole from the store.
-        let store = state.runtime_env().object_store(&url)?;
+        // The write buffers: in-memory blocks as they came; flushed blocks (and files combined
+        // after the plan was made) are Parquet objects, scanned like files: in partitions, as
+        // the query runs, pruned by their statistics.
         let mut memory = Vec::new();
+        let mut objects = Vec::new();
         for part in buffers.into_iter().flatten() {
-            memory.extend(
-                read_part(
+            match &part.data {
+                PartData::Memory(batches) => memory.extend(memory_part(
                     &schema,
                     snapshot,
-                    part,
+                    &part,
+                    batches,
                     &projection,
                     &out_schema,
-                    store.as_ref(),
-                    &prefix,
                     check,
-                )
-                .await?,
-            );
+                )?),
+                PartData::Path(path) => objects.push((format!("{prefix}{path}"), part.deleted)),
+            }
+        }
+        tracing::debug!(
+            table = self.table.schema.name(),
+            files = plan.files.len(),
+            blocks_in_store = objects.len(),
+            rows_in_memory = memory.iter().map(RecordBatch::num_rows).sum::<usize>(),
+            "scan"
+        );
+        if !objects.is_empty() {
+            let store = state.runtime_env().object_store(&url)?;
+            let sizes = try_join_all(objects.iter().map(|(path, _)| {
+                let store = store.clone();
+                let path = Path::from(path.as_str());
+                async move { store.head(&path).await }
+            }))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            // Deleted rows are dropped by their number in the block, as in masked row groups.
+            let tagged = check && objects.iter().any(|(_, d)| d.iter().any(|&w| w != 0));
+            let per_part = objects.len().div_ceil(partitions);
+            let mut groups: Vec<Vec<PartitionedFile>> = Vec::new();
+            for (i, ((path, _), meta)) in objects.iter().zip(&sizes).enumerate() {
+                if i % per_part == 0 {
+                    groups.push(Vec::new());
+                }
+                let mut pf = PartitionedFile::new(path.clone(), meta.size);
+                if tagged {
+                    pf.partition_values = vec![ScalarValue::UInt32(Some(i as u32))];
+                }
+                groups.last_mut().expect("pushed above").push(pf);
+            }
+            let mut columns = projection.clone();
+            if check {
+                columns.push(schema.create_ts_index());
+            }
+            if tagged {
+                let n = file_schema.fields().len();
+                columns.extend([n, n + 1]);
+            }
+            let input = scan_exec(
+                state,
+                &url,
+                groups,
+                &file_schema,
+                predicate.clone(),
+                columns,
+                if check { None } else { limit },
+                tagged,
+            )?;
+            if check {
+                let p = projection.len();
+                let mut keep: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+                    Arc::new(Column::new(CREATE_TS_COLUMN, p)),
+                    Operator::LtEq,
+                    Arc::new(Literal::new(ScalarValue::Int64(
+                        Some(snapshot.get() as i64),
+                    ))),
+                ));
+                if tagged {
+                    let bitmaps = Arc::new(objects.into_iter().map(|(_, d)| d).collect());
+                    let live = Arc::new(ScalarFunctionExpr::try_new(
+                        Arc::new(ScalarUDF::new_from_impl(NotDeleted::new(bitmaps))),
+                        vec![
+                            Arc::new(Column::new(FILE_COLUMN, p + 1)),
+                            Arc::new(Column::new(ROW_COLUMN, p + 2)),
+                        ],
+                        input.schema().as_ref(),
+                        Arc::new(state.config_options().clone()),
+                    )?);
+                    keep = Arc::new(BinaryExpr::new(keep, Operator::And, live));
+                }
+                let filtered = Arc::new(FilterExec::try_new(keep, input)?);
+                inputs.push(project_out(filtered)?);
+            } else {
+                inputs.push(input);
+            }
         }
         if !memory.is_empty() {
             inputs.push(MemorySourceConfig::try_new_exec(
@@ -404,6 +481,32 @@ fn parquet_scan(
     if !current.is_empty() {
         groups.push(current);
     }
+    scan_exec(
+        state,
+        url,
+        groups,
+        file_schema,
+        predicate,
+        columns,
+        limit,
+        tagged,
+    )
+}
+
+/// DataFusion's Parquet scan of `groups` (one partition each). `tagged`: each file carries its
+/// index as [`FILE_COLUMN`] and every row its number in the object as [`ROW_COLUMN`], after
+/// the stored columns.
+#[allow(clippy::too_many_arguments)]
+fn scan_exec(
+    state: &dyn Session,
+    url: &ObjectStoreUrl,
+    groups: Vec<Vec<PartitionedFile>>,
+    file_schema: &SchemaRef,
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+    columns: Vec<usize>,
+    limit: Option<usize>,
+    tagged: bool,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let options = TableParquetOptions {
         global: state.config_options().execution.parquet.clone(),
         ..Default::default()
@@ -518,44 +621,27 @@ fn pruning_predicate(
     Ok(Some(state.create_physical_expr(expr, &df_schema)?))
 }
 
-/// A write-buffer part's visible rows, projected.
-#[allow(clippy::too_many_arguments)]
-async fn read_part(
+/// An in-memory write-buffer part's visible rows, projected.
+fn memory_part(
     schema: &retina_storage::TableSchema,
     snapshot: Timestamp,
-    part: BufferPart,
+    part: &BufferPart,
+    batches: &[RecordBatch],
     projection: &[usize],
     out_schema: &SchemaRef,
-    store: &dyn object_store::ObjectStore,
-    prefix: &str,
     check: bool,
-) -> Result<Vec<RecordBatch>> {
-    let storage = |e: retina_storage::StorageError| DataFusionError::External(Box::new(e));
+) -> Result<Option<RecordBatch>> {
+    if batches.is_empty() {
+        return Ok(None);
+    }
     let none = vec![0u64; part.rows.div_ceil(64) as usize];
     let deleted = if check { &part.deleted } else { &none };
     // Without the check every row is visible: the newest timestamp there can be.
     let at = if check { snapshot } else { Timestamp::MAX };
-    match part.data {
-        PartData::Memory(batches) => {
-            if batches.is_empty() {
-                return Ok(Vec::new());
-            }
-            let batch = concat_batches(&batches[0].schema(), &batches)?;
-            let visible =
-                filter_visible(&batch, schema, at, deleted, Some(projection)).map_err(storage)?;
-            Ok(vec![with_schema(visible, out_schema)?])
-        }
-        PartData::Path(path) => {
-            let bytes = get(store, &Path::from(format!("{prefix}{path}")))
-                .await
-                .map_err(storage)?;
-            read_visible(bytes, schema, at, deleted, Some(projection))
-                .map_err(storage)?
-                .into_iter()
-                .map(|b| with_schema(b, out_schema))
-                .collect()
-        }
-    }
+    let batch = concat_batches(&batches[0].schema(), batches)?;
+    let visible = filter_visible(&batch, schema, at, deleted, Some(projection))
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    Ok(Some(with_schema(visible, out_schema)?))
 }
 
 /// `batch` under the table's field names and metadata (a zero-column batch keeps its rows).
