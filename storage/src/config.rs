@@ -14,7 +14,8 @@ pub struct StorageConfig {
     pub row_group_rows: u32,
     /// Rows per file (virtual, then regular): a multiple of `row_group_rows` and `block_rows`.
     pub file_rows: u64,
-    /// zstd level for data columns (0 = uncompressed).
+    /// zstd level for combined files (0 = uncompressed, write-buffer blocks too; blocks are
+    /// otherwise LZ4).
     pub zstd_level: i32,
 }
 
