@@ -206,15 +206,7 @@ impl TableProvider for RetinaTable {
             let mut columns = projection.clone();
             columns.extend([n, n + 1]);
             let input = scan(masked, share(masked_rows), columns, true)?;
-            let visible = Arc::new(ScalarFunctionExpr::try_new(
-                Arc::new(ScalarUDF::new_from_impl(NotDeleted::new(bitmaps))),
-                vec![
-                    Arc::new(Column::new(FILE_COLUMN, projection.len())),
-                    Arc::new(Column::new(ROW_COLUMN, projection.len() + 1)),
-                ],
-                input.schema().as_ref(),
-                Arc::new(state.config_options().clone()),
-            )?);
+            let visible = not_deleted(state, bitmaps, &input, projection.len())?;
             let filtered = Arc::new(FilterExec::try_new(visible, input)?);
             inputs.push(project_out(filtered)?);
         }
@@ -225,13 +217,7 @@ impl TableProvider for RetinaTable {
             let mut columns = projection.clone();
             columns.push(ts);
             let input = scan(straddling, 1, columns, false)?;
-            let at_or_before: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-                Arc::new(Column::new(CREATE_TS_COLUMN, projection.len())),
-                Operator::LtEq,
-                Arc::new(Literal::new(ScalarValue::Int64(
-                    Some(snapshot.get() as i64),
-                ))),
-            ));
+            let at_or_before = created_by(snapshot, projection.len());
             let filtered = Arc::new(FilterExec::try_new(at_or_before, input)?);
             inputs.push(project_out(filtered)?);
         }
@@ -305,24 +291,10 @@ impl TableProvider for RetinaTable {
             )?;
             if check {
                 let p = projection.len();
-                let mut keep: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-                    Arc::new(Column::new(CREATE_TS_COLUMN, p)),
-                    Operator::LtEq,
-                    Arc::new(Literal::new(ScalarValue::Int64(
-                        Some(snapshot.get() as i64),
-                    ))),
-                ));
+                let mut keep = created_by(snapshot, p);
                 if tagged {
                     let bitmaps = Arc::new(objects.into_iter().map(|(_, d)| d).collect());
-                    let live = Arc::new(ScalarFunctionExpr::try_new(
-                        Arc::new(ScalarUDF::new_from_impl(NotDeleted::new(bitmaps))),
-                        vec![
-                            Arc::new(Column::new(FILE_COLUMN, p + 1)),
-                            Arc::new(Column::new(ROW_COLUMN, p + 2)),
-                        ],
-                        input.schema().as_ref(),
-                        Arc::new(state.config_options().clone()),
-                    )?);
+                    let live = not_deleted(state, bitmaps, &input, p + 1)?;
                     keep = Arc::new(BinaryExpr::new(keep, Operator::And, live));
                 }
                 let filtered = Arc::new(FilterExec::try_new(keep, input)?);
@@ -533,6 +505,36 @@ fn scan_exec(
         .with_limit(limit)
         .build();
     Ok(DataSourceExec::from_data_source(config))
+}
+
+/// `_create_ts <= snapshot`, with `_create_ts` the input's column `at`.
+fn created_by(snapshot: Timestamp, at: usize) -> Arc<dyn PhysicalExpr> {
+    Arc::new(BinaryExpr::new(
+        Arc::new(Column::new(CREATE_TS_COLUMN, at)),
+        Operator::LtEq,
+        Arc::new(Literal::new(ScalarValue::Int64(
+            Some(snapshot.get() as i64),
+        ))),
+    ))
+}
+
+/// Whether a row of a tagged scan is live, with [`FILE_COLUMN`] the input's column `at` and
+/// [`ROW_COLUMN`] the next: `bitmaps[file]` has the row's bit clear.
+fn not_deleted(
+    state: &dyn Session,
+    bitmaps: Arc<Vec<Vec<u64>>>,
+    input: &Arc<dyn ExecutionPlan>,
+    at: usize,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    Ok(Arc::new(ScalarFunctionExpr::try_new(
+        Arc::new(ScalarUDF::new_from_impl(NotDeleted::new(bitmaps))),
+        vec![
+            Arc::new(Column::new(FILE_COLUMN, at)),
+            Arc::new(Column::new(ROW_COLUMN, at + 1)),
+        ],
+        input.schema().as_ref(),
+        Arc::new(state.config_options().clone()),
+    )?))
 }
 
 /// The partition column a masked scan tags rows with: the file's index in the plan.
