@@ -373,9 +373,10 @@ pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
             continue;
         }
         let data = dataset(file);
-        for (metric, what, y_label, note) in [
+        for (chart, key, what, y_label, note) in [
             (
                 "throughput",
+                "rows_per_s",
                 "rows/s replayed",
                 "rows/s (log)",
                 "Retina against DuckDB and Delta Lake (delta-rs MERGE at each commit interval); \
@@ -383,18 +384,14 @@ pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
             ),
             (
                 "freshness",
+                "p50_ms",
                 "freshness P50, the same max(fresh_ts) monitor",
                 "ms (log)",
                 "Freshness = query start - newest visible fresh_ts, every 100 ms.",
             ),
         ] {
-            let key = if metric == "throughput" {
-                "rows_per_s"
-            } else {
-                "p50_ms"
-            };
             out.push((
-                format!("fig-{file}-{metric}.svg"),
+                format!("fig-{file}-{chart}.svg"),
                 Chart {
                     title: format!("Peers ({data}): {what}"),
                     x_label: "rows/s emitted".into(),

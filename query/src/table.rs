@@ -259,18 +259,22 @@ impl TableProvider for RetinaTable {
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
             // Deleted rows are dropped by their number in the block, as in masked row groups.
             let tagged = check && objects.iter().any(|(_, d)| d.iter().any(|&w| w != 0));
-            let per_part = objects.len().div_ceil(partitions);
-            let mut groups: Vec<Vec<PartitionedFile>> = Vec::new();
-            for (i, ((path, _), meta)) in objects.iter().zip(&sizes).enumerate() {
-                if i % per_part == 0 {
-                    groups.push(Vec::new());
-                }
-                let mut pf = PartitionedFile::new(path.clone(), meta.size);
-                if tagged {
-                    pf.partition_values = vec![ScalarValue::UInt32(Some(i as u32))];
-                }
-                groups.last_mut().expect("pushed above").push(pf);
-            }
+            let blocks: Vec<PartitionedFile> = objects
+                .iter()
+                .zip(&sizes)
+                .enumerate()
+                .map(|(i, ((path, _), meta))| {
+                    let mut pf = PartitionedFile::new(path.clone(), meta.size);
+                    if tagged {
+                        pf.partition_values = vec![ScalarValue::UInt32(Some(i as u32))];
+                    }
+                    pf
+                })
+                .collect();
+            let groups = blocks
+                .chunks(blocks.len().div_ceil(partitions))
+                .map(<[_]>::to_vec)
+                .collect();
             let mut columns = projection.clone();
             if check {
                 columns.push(schema.create_ts_index());

@@ -402,8 +402,6 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ratios the targets name, from this run's rows (as `retina bench report` words
-/// them).
 /// The results file (without `.jsonl`) for a dataset: each scale its own side-by-side section in
 /// `retina bench report`.
 fn results_file(scale: &str) -> String {
@@ -413,6 +411,8 @@ fn results_file(scale: &str) -> String {
     }
 }
 
+/// The ratios the targets name, from this run's rows (as `retina bench report` words
+/// them).
 fn summarize(table: &[(String, Option<u64>, Outcome)]) {
     use retina_bench::report::Measurement;
     let mut entries = std::collections::BTreeMap::new();
