@@ -114,7 +114,7 @@ fn index(c: &mut Criterion) {
             i += 1;
             now += 1;
             // GC runs now and then (every 60 s in a node); its cost is spread over updates.
-            if i % (1 << 16) == 0 {
+            if i.is_multiple_of(1 << 16) {
                 ix.purge(ts(now - 1));
             }
         })

@@ -287,7 +287,7 @@ fn chart_by_key(
 }
 
 fn thousands(x: u64) -> String {
-    if x >= 1000 && x % 1000 == 0 {
+    if x >= 1000 && x.is_multiple_of(1000) {
         format!("{}K", x / 1000)
     } else {
         x.to_string()

@@ -35,21 +35,21 @@ impl StorageConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(StorageError::Config(m));
         check_tile_rows(self.tile_rows)?;
-        if self.block_rows == 0 || self.block_rows % 64 != 0 {
+        if self.block_rows == 0 || !self.block_rows.is_multiple_of(64) {
             return bad(format!(
                 "block rows must be a positive multiple of 64, got {}",
                 self.block_rows
             ));
         }
-        if self.row_group_rows == 0 || self.row_group_rows % self.tile_rows != 0 {
+        if self.row_group_rows == 0 || !self.row_group_rows.is_multiple_of(self.tile_rows) {
             return bad(format!(
                 "row-group rows ({}) must be a positive multiple of tile rows ({})",
                 self.row_group_rows, self.tile_rows
             ));
         }
         if self.file_rows == 0
-            || self.file_rows % u64::from(self.row_group_rows) != 0
-            || self.file_rows % u64::from(self.block_rows) != 0
+            || !self.file_rows.is_multiple_of(u64::from(self.row_group_rows))
+            || !self.file_rows.is_multiple_of(u64::from(self.block_rows))
         {
             return bad(format!(
                 "file rows ({}) must be a positive multiple of row-group rows ({}) and block rows ({})",

@@ -244,7 +244,7 @@ impl KeptRows {
     /// `bits` over `rows` rows (bits past `rows` must be 0).
     pub fn new(rows: u64, bits: Vec<u64>) -> Result<Self> {
         if bits.len() != rows.div_ceil(64) as usize
-            || (rows % 64 != 0 && bits.last().is_some_and(|w| w >> (rows % 64) != 0))
+            || (!rows.is_multiple_of(64) && bits.last().is_some_and(|w| w >> (rows % 64) != 0))
         {
             return Err(StorageError::Corrupt {
                 what: "a kept-rows bitmap".into(),
@@ -264,7 +264,7 @@ impl KeptRows {
     pub fn complement(rows: u64, deleted: &[u64]) -> Result<Self> {
         let mut bits: Vec<u64> = deleted.iter().map(|w| !w).collect();
         bits.resize(rows.div_ceil(64) as usize, u64::MAX);
-        if rows % 64 != 0
+        if !rows.is_multiple_of(64)
             && let Some(last) = bits.last_mut()
         {
             *last &= (1u64 << (rows % 64)) - 1;

@@ -703,7 +703,7 @@ impl Shard {
                 if upto > first {
                     out[..upto - first].copy_from_slice(&whole[first..upto]);
                 }
-                if len % 64 != 0
+                if !len.is_multiple_of(64)
                     && let Some(last) = out.last_mut()
                 {
                     *last &= (1u64 << (len % 64)) - 1;

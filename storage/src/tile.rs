@@ -287,7 +287,7 @@ impl TileVisibility {
 }
 
 pub(crate) fn check_tile_rows(rows: u32) -> Result<()> {
-    if rows == 0 || rows % 64 != 0 || rows > MAX_TILE_ROWS {
+    if rows == 0 || !rows.is_multiple_of(64) || rows > MAX_TILE_ROWS {
         return Err(StorageError::Config(format!(
             "tile rows must be a positive multiple of 64 up to {MAX_TILE_ROWS}, got {rows}"
         )));

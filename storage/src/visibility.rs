@@ -135,7 +135,7 @@ impl FileVisibility {
             out[at..at + upto - from].copy_from_slice(&scratch[from..upto]);
             row = tile_start + tile_rows;
         }
-        if len % 64 != 0 {
+        if !len.is_multiple_of(64) {
             *out.last_mut().expect("len > 0") &= (1u64 << (len % 64)) - 1;
         }
         Ok(())

@@ -134,7 +134,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn row(table: u32, k: u8, seed: u16) -> Vec<Value> {
     let s = i64::from(seed);
-    let maybe = |v: Value| if seed % 5 == 0 { Value::Null } else { v };
+    let maybe = |v: Value| if seed.is_multiple_of(5) { Value::Null } else { v };
     if table == 0 {
         vec![
             Value::Int(k.into()),
@@ -142,7 +142,7 @@ fn row(table: u32, k: u8, seed: u16) -> Vec<Value> {
             Value::Decimal(i128::from(s) * 101 - 3_000_000),
             maybe(Value::Date(19_000 + (s % 400) as i32)),
             maybe(Value::Timestamp(1_700_000_000_000_000 + s * 1_000_003)),
-            maybe(Value::Boolean(seed % 2 == 0)),
+            maybe(Value::Boolean(seed.is_multiple_of(2))),
             maybe(Value::Float(f64::from(seed) / 7.0)),
         ]
     } else {
