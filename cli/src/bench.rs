@@ -327,6 +327,7 @@ fn replay(
                 max_group_txns: settings.max_group_txns,
                 group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
                 checkpoint_interval: None,
+                max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
             };
             let start = Instant::now();
             let report = run_sink(node.handle(), &options, &AtomicBool::new(false));
@@ -353,7 +354,7 @@ fn replay(
             for group in txns.chunks(settings.max_group_txns) {
                 let range = h.allocate(group.len() as u64)?;
                 last = *range.end();
-                groups.push(h.encode_group(group, range, &[]));
+                groups.push(h.encode_group(group, range, &[])?);
             }
             let start = Instant::now();
             for g in groups {
@@ -880,7 +881,7 @@ fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
         let ts = h.submit(&load, &[])?;
         anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(120)));
         let id = h
-            .checkpoint(Default::default())?
+            .checkpoint(Default::default(), Vec::new())?
             .context("a checkpoint was already on its way")?;
         let waited = Instant::now();
         while h.status().checkpoint_id.load(Ordering::Acquire) < id {

@@ -192,6 +192,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             max_group_txns,
             group_commit_interval,
             checkpoint_interval: Some(checkpoint_interval),
+            max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
         };
         std::thread::Builder::new()
             .name("retina-sink".into())

@@ -2,8 +2,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,6 +13,12 @@ use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
 use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// What the serving thread waits for.
+enum Event {
+    Signal(i32),
+    SinkDone(retina_node::sink::SinkReport),
+}
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -59,7 +65,10 @@ pub struct ServeArgs {
     metrics: Option<SocketAddr>,
 }
 
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    // Absolute once: the node and the dead-letter file must not depend on the working folder.
+    args.data_dir = retina_node::node::absolute_dir(&args.data_dir)
+        .with_context(|| format!("data directory {}", args.data_dir.display()))?;
     let mut settings = Settings::load(args.config.as_deref(), &args.overrides)?;
     if let Some(n) = args.shards {
         settings.shards = n;
@@ -69,23 +78,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading the schema {}", args.schema.display()))?;
     let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
     let max_group_txns = settings.max_group_txns;
+    let max_txn_bytes = settings.max_txn_bytes;
     let group_commit_interval = Duration::from_millis(settings.group_commit_interval_ms);
     let checkpoint_interval = (settings.checkpoint_interval_ms > 0)
         .then(|| Duration::from_millis(settings.checkpoint_interval_ms));
     let shards = settings.shard_count();
-    let node = Node::start(NodeOptions {
-        data_dir: args.data_dir.clone(),
-        catalog: catalog.clone(),
-        settings,
-        listen: Some(args.listen),
-        auth_token: args.auth_token.clone(),
-        // Queries wait until the sink replayed what the source held before a restart.
-        await_source: true,
-    })?;
+    let start = || {
+        Node::start(NodeOptions {
+            data_dir: args.data_dir.clone(),
+            catalog: catalog.clone(),
+            settings: settings.clone(),
+            listen: Some(args.listen),
+            auth_token: args.auth_token.clone(),
+            // Queries wait until the sink replayed what the source held before a restart.
+            await_source: true,
+        })
+    };
+    let mut node = start()?;
     if let Some(addr) = node.coordinator_addr() {
         tracing::info!("coordinator service (Cap'n Proto) on {addr}");
     }
-    let handle = node.handle().clone();
     tracing::info!(
         "serving {} tables on {shards} shards from {}; data in {}",
         catalog.tables().len(),
@@ -97,19 +109,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
 
     let stop = Arc::new(AtomicBool::new(false));
+    // The node's status, for metrics: a node restarted to skip a refused transaction has a
+    // new one.
+    let status = Arc::new(RwLock::new(node.handle().status().clone()));
     let metrics = match args.metrics {
         Some(addr) => {
-            let (bound, thread) =
-                retina_node::metrics::serve(addr, handle.status().clone(), stop.clone())
-                    .with_context(|| format!("serving metrics on {addr}"))?;
+            let status = status.clone();
+            let current = move || status.read().expect("status lock").clone();
+            let (bound, thread) = retina_node::metrics::serve(addr, current, stop.clone())
+                .with_context(|| format!("serving metrics on {addr}"))?;
             tracing::info!("metrics on http://{bound}/metrics");
             Some(thread)
         }
         None => None,
     };
 
-    let options = SinkOptions {
-        source: args.source,
+    let options = Arc::new(SinkOptions {
+        source: args.source.clone(),
         follow: args.follow,
         mode: if args.no_txn_metadata {
             TxnMode::NoMetadata
@@ -119,42 +135,85 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         on_error: args.on_error,
         dead_letter: args
             .dead_letter
+            .clone()
             .unwrap_or_else(|| args.data_dir.join("dead-letter.jsonl")),
         max_group_txns,
         group_commit_interval,
         checkpoint_interval,
-    };
-    let sink = {
-        let handle = handle.clone();
-        let stop = stop.clone();
+        max_txn_bytes,
+    });
+
+    // Signals and the sink's end arrive on one queue.
+    let (events, next) = flume::bounded::<Event>(4);
+    {
+        let events = events.clone();
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
         std::thread::Builder::new()
-            .name("retina-sink".into())
+            .name("retina-signals".into())
             .spawn(move || {
-                let report = run_sink(&handle, &options, &stop);
+                for signal in signals.forever() {
+                    if events.send(Event::Signal(signal)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+    }
+    let signal = loop {
+        let sink = {
+            let handle = node.handle().clone();
+            let (stop, options, events) = (stop.clone(), options.clone(), events.clone());
+            std::thread::Builder::new()
+                .name("retina-sink".into())
+                .spawn(move || {
+                    let report = run_sink(&handle, &options, &stop);
+                    let _ = events.send(Event::SinkDone(report));
+                })?
+        };
+        // Serve until SIGTERM or Ctrl-C.
+        match next.recv().expect("this thread holds a sender") {
+            Event::Signal(signal) => {
+                stop.store(true, Ordering::Relaxed);
+                // A sink blocked on stdin cannot be interrupted; give it a moment, then go on
+                // without it.
+                for _ in 0..50 {
+                    if sink.is_finished() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                break signal;
+            }
+            Event::SinkDone(report) => {
+                if let Some(why) = &report.restart {
+                    tracing::warn!("{why}; restarting from the checkpoint to replay without it");
+                    node.shutdown();
+                    node = start()?;
+                    *status.write().expect("status lock") = node.handle().status().clone();
+                    continue;
+                }
                 match &report.stopped_by {
                     Some(e) => tracing::error!("replay stopped: {e}"),
                     None => tracing::info!(
                         "source done: {} transactions, {} duplicates skipped, {} dead-lettered; still serving",
-                        report.transactions, report.duplicates_skipped, report.dead_lettered
+                        report.transactions,
+                        report.duplicates_skipped,
+                        report.dead_lettered
                     ),
                 }
-                report
-            })?
-    };
-
-    // Serve until SIGTERM or Ctrl-C.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-    let signal = signals.forever().next();
-    tracing::info!("stopping on signal {signal:?}");
-    stop.store(true, Ordering::Relaxed);
-    // A sink blocked on stdin cannot be interrupted; give it a moment, then go on without it.
-    for _ in 0..50 {
-        if sink.is_finished() {
-            break;
+                // Still serving queries until SIGTERM or Ctrl-C.
+                let signal = loop {
+                    if let Event::Signal(signal) = next.recv().expect("this thread holds a sender")
+                    {
+                        break signal;
+                    }
+                };
+                break signal;
+            }
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let hwm = handle.status().hwm();
+    };
+    tracing::info!("stopping on signal {signal}");
+    stop.store(true, Ordering::Relaxed);
+    let hwm = node.handle().status().hwm();
     node.shutdown();
     if let Some(m) = metrics {
         let _ = m.join();

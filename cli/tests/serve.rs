@@ -497,3 +497,193 @@ fn stop_quietly(child: Child) {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
 }
+
+/// A transaction of `public.t` as Debezium JSON lines: `events` are (op, before, after).
+fn txn_lines(id: &str, events: &[(&str, &str, &str)]) -> String {
+    let mut s = format!("{{\"status\":\"BEGIN\",\"id\":\"{id}\"}}\n");
+    for (i, (op, before, after)) in events.iter().enumerate() {
+        s += &format!(
+            "{{\"before\":{before},\"after\":{after},\"op\":\"{op}\",\
+             \"source\":{{\"schema\":\"public\",\"table\":\"t\"}},\
+             \"transaction\":{{\"id\":\"{id}\",\"total_order\":{n},\"data_collection_order\":{n}}}}}\n",
+            n = i + 1
+        );
+    }
+    s + &format!(
+        "{{\"status\":\"END\",\"id\":\"{id}\",\"event_count\":{n},\
+         \"data_collections\":[{{\"data_collection\":\"public.t\",\"event_count\":{n}}}]}}\n",
+        n = events.len()
+    )
+}
+
+fn row(id: i64, v: &str) -> String {
+    format!("{{\"id\":{id},\"v\":\"{v}\",\"amount\":\"1.00\"}}")
+}
+
+#[test]
+fn a_relative_data_directory_works_from_any_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    std::fs::write(dir.path().join("in.json"), stream(100)).unwrap();
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retina"))
+        .current_dir(dir.path())
+        .args(["serve", "--shards", "2", "--listen", "127.0.0.1:0"])
+        .args([
+            "--data-dir",
+            "data",
+            "--schema",
+            "s.sql",
+            "--source",
+            "file:in.json",
+        ])
+        .args(["--set", "checkpoint_interval_ms=5", "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Replay is not stopped (wait_done checks), and the checkpoints are written.
+    wait_done(&mut child, port, 102.0);
+    stop(child);
+    let state = std::fs::read_to_string(dir.path().join("data/coordinator.state")).unwrap();
+    assert!(state.contains("checkpoint_ts=101\n"), "{state}");
+}
+
+#[test]
+fn a_transaction_redelivered_after_a_restart_is_not_applied_again() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let path = dir.path().join("in.json");
+    let t2 = txn_lines("T2", &[("u", &row(1, "a"), &row(1, "b"))]);
+    let first = txn_lines("T1", &[("c", "null", &row(1, "a"))])
+        + &t2
+        + &txn_lines("T3", &[("u", &row(1, "b"), &row(1, "c"))]);
+    std::fs::write(&path, first).unwrap();
+    let source = format!("file:{}", path.display());
+    let port = free_port();
+    let mut child = serve(dir.path(), &source, port, Stdio::null());
+    wait_done(&mut child, port, 5.0);
+    stop(child);
+
+    // The source redelivers T2 (as Debezium does after a connector restart), then goes on.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(t2.as_bytes()).unwrap();
+    f.write_all(txn_lines("T4", &[("c", "null", &row(2, "d"))]).as_bytes())
+        .unwrap();
+    drop(f);
+    let port = free_port();
+    let (child, addr, _log) = serve_listening(dir.path(), &source, port);
+    let mut node = Running(Some(child));
+    let m = wait_metrics(node.0.as_mut().unwrap(), port, |m| {
+        metric(m, "retina_source_done") == Some(1.0)
+    });
+    assert_eq!(
+        metric(&m, "retina_duplicates_skipped_total"),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(metric(&m, "retina_hwm"), Some(6.0), "{m}");
+    let out = sql(
+        &addr,
+        &["--format", "csv", "SELECT id, v FROM public.t ORDER BY id"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "id,v\n1,c\n2,d\n");
+    stop_quietly(node.0.take().unwrap());
+}
+
+#[test]
+fn dead_letters_are_written_once_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let path = dir.path().join("in.json");
+    let bad = "{\"id\":2,\"v\":\"b\",\"amount\":\"not a number\"}";
+    let input = txn_lines("T1", &[("c", "null", &row(1, "a"))])
+        + &txn_lines("T2", &[("c", "null", bad)])
+        + &txn_lines("T3", &[("c", "null", &row(3, "c"))]);
+    std::fs::write(&path, input).unwrap();
+    let source = format!("file:{}", path.display());
+    // Without checkpoints every restart replays the source from its start.
+    let args = ["--on-error", "skip", "--set", "checkpoint_interval_ms=0"];
+    for _ in 0..2 {
+        let port = free_port();
+        let mut child = serve_with(dir.path(), &source, port, Stdio::null(), &args);
+        wait_metrics(&mut child, port, |m| {
+            metric(m, "retina_source_done") == Some(1.0) && metric(m, "retina_hwm") == Some(4.0)
+        });
+        stop(child);
+    }
+    let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
+    assert_eq!(dead.lines().count(), 1, "{dead}");
+    assert!(dead.contains("\"transaction\":\"T2\""), "{dead}");
+}
+
+#[test]
+fn skip_means_skip_for_transactions_a_shard_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    let path = dir.path().join("in.json");
+    // T2 inserts row 1 again and row 5 (a duplicate key: the shard refuses it, after its other
+    // shard may have applied its half); T3 goes on with rows on both shards.
+    let input = txn_lines("T1", &[("c", "null", &row(1, "a"))])
+        + &txn_lines(
+            "T2",
+            &[("c", "null", &row(5, "x")), ("c", "null", &row(1, "dup"))],
+        )
+        + &txn_lines(
+            "T3",
+            &[
+                ("c", "null", &row(2, "b")),
+                ("c", "null", &row(3, "c")),
+                ("u", &row(1, "a"), &row(1, "a2")),
+            ],
+        );
+    std::fs::write(&path, input).unwrap();
+    let source = format!("file:{}", path.display());
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args(["serve", "--shards", "2", "--listen", "127.0.0.1:0"])
+        .args(["--source", &source, "--on-error", "skip", "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--schema")
+        .arg(dir.path().join("s.sql"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // T1 and T3 are visible (timestamps 2 and 3 after the restart without T2), replay is not
+    // stopped, and T2 is in the dead-letter file once.
+    let m = wait_metrics(&mut child, port, |m| {
+        metric(m, "retina_source_done") == Some(1.0) && metric(m, "retina_hwm") == Some(4.0)
+    });
+    assert_eq!(metric(&m, "retina_replay_stopped"), Some(0.0), "{m}");
+    let log = stop(child);
+    assert!(log.contains("restarting from the checkpoint"), "{log}");
+    let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
+    assert_eq!(dead.lines().count(), 1, "{dead}");
+    assert!(dead.contains("transaction T2"), "{dead}");
+    assert!(dead.contains("\\\"dup\\\""), "the lines are kept: {dead}");
+
+    let port = free_port();
+    let (child, addr, _log) = serve_listening(dir.path(), &source, port);
+    let mut node = Running(Some(child));
+    wait_metrics(node.0.as_mut().unwrap(), port, |m| {
+        metric(m, "retina_source_done") == Some(1.0)
+    });
+    let out = sql(
+        &addr,
+        &["--format", "csv", "SELECT id, v FROM public.t ORDER BY id"],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "id,v\n1,a2\n2,b\n3,c\n"
+    );
+    stop_quietly(node.0.take().unwrap());
+    let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
+    assert_eq!(dead.lines().count(), 1, "{dead}");
+}

@@ -70,6 +70,34 @@ impl Catalog {
         self.tables.get(id as usize)
     }
 
+    /// One line per table, in catalog order: its name, columns (type, nullability) and
+    /// primary key. Two catalogs lay rows out alike exactly when their descriptions are equal.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for t in &self.tables {
+            let columns: Vec<String> = t
+                .columns()
+                .iter()
+                .map(|c| {
+                    let null = if c.nullable { "" } else { " not null" };
+                    format!("{} {}{null}", c.name, c.ty.name())
+                })
+                .collect();
+            let key: Vec<&str> = t
+                .primary_key()
+                .iter()
+                .map(|&i| t.columns()[i].name.as_str())
+                .collect();
+            out += &format!(
+                "{} ({}, primary key ({}))\n",
+                t.name(),
+                columns.join(", "),
+                key.join(", ")
+            );
+        }
+        out
+    }
+
     /// The table called `name`: exactly as the DDL names it (`schema.table` or `table`), or, for
     /// a qualified `name`, the unqualified table of the same name.
     pub fn resolve(&self, name: &str) -> Option<TableId> {

@@ -43,6 +43,17 @@ pub enum CoordinatorError {
 
 pub type QueryId = u64;
 
+/// Why a query could not begin.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BeginRefused {
+    /// After a restart, HWM is not yet back where queries saw it before, and the wait ran out.
+    #[error(
+        "the node restarted and is catching up: snapshot {snapshot} of the {target} queries \
+         saw before; try again shortly"
+    )]
+    CatchingUp { snapshot: u64, target: u64 },
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Query {
     snapshot: Timestamp,
@@ -286,6 +297,14 @@ impl CoordinatorState {
     /// Whether a query may begin now: HWM is back at least where it was before a restart.
     pub fn ready(&self) -> bool {
         self.replay_stopped || self.ready_at.is_some_and(|r| self.hwm.snapshot() >= r)
+    }
+
+    /// The refusal for a query that waited too long for [`Self::ready`].
+    pub fn catching_up(&self) -> BeginRefused {
+        BeginRefused::CatchingUp {
+            snapshot: self.hwm.snapshot().get(),
+            target: self.ready_at.unwrap_or(self.shown_hwm.snapshot()).get(),
+        }
     }
 
     /// The sink replayed the source as far as it reached before the restart, through `ts`;

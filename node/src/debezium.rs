@@ -1095,17 +1095,41 @@ impl TxnAssembler {
     /// Records that transaction `id`, ending at `end`, is durably applied: a later transaction
     /// with the same id is dropped as a duplicate. The assembler never calls this itself.
     pub fn mark_applied(&mut self, id: &str, end: &SourcePosition) {
-        if !self.applied.contains(id) {
-            if self.applied_order.len() == APPLIED_IDS_REMEMBERED
-                && let Some(oldest) = self.applied_order.pop_front()
-            {
-                self.applied.remove(&oldest);
-            }
-            let id: Arc<str> = id.into();
-            self.applied.insert(id.clone());
-            self.applied_order.push_back(id);
-        }
+        self.remember(id);
         self.last_applied = Some((id.to_owned(), end.clone()));
+    }
+
+    /// The ids of the `n` most recently applied transactions, oldest first: what a
+    /// checkpoint records so that a restart still recognises them.
+    pub fn recent_applied(&self, n: usize) -> Vec<String> {
+        let skip = self.applied_order.len().saturating_sub(n);
+        self.applied_order
+            .iter()
+            .skip(skip)
+            .map(|id| id.to_string())
+            .collect()
+    }
+
+    /// Remembers `ids` (oldest first) as applied, as after a restart from a checkpoint that
+    /// recorded them: a later transaction with one of these ids is a duplicate.
+    pub fn remember_applied<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>) {
+        for id in ids {
+            self.remember(id);
+        }
+    }
+
+    fn remember(&mut self, id: &str) {
+        if self.applied.contains(id) {
+            return;
+        }
+        if self.applied_order.len() == APPLIED_IDS_REMEMBERED
+            && let Some(oldest) = self.applied_order.pop_front()
+        {
+            self.applied.remove(&oldest);
+        }
+        let id: Arc<str> = id.into();
+        self.applied.insert(id.clone());
+        self.applied_order.push_back(id);
     }
 
     /// The last transaction passed to [`TxnAssembler::mark_applied`] and where it ended.

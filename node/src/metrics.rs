@@ -15,10 +15,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// Largest request head read before answering.
 const MAX_REQUEST_BYTES: usize = 8 << 10;
 
-/// Serves `/metrics` (any path) on `addr` until `stop`. Returns the bound address.
+/// Serves `/metrics` (any path) on `addr` until `stop`, reading the status `status` gives
+/// (a node restarted in the same process has a new one). Returns the bound address.
 pub fn serve(
     addr: SocketAddr,
-    status: Arc<NodeStatus>,
+    status: impl Fn() -> Arc<NodeStatus> + Send + 'static,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)?;
@@ -27,8 +28,9 @@ pub fn serve(
     let handle = std::thread::Builder::new()
         .name("retina-metrics".into())
         .spawn(move || {
-            let mut rate = Rate::new(status.rows_applied.load(Ordering::Relaxed));
+            let mut rate = Rate::new(status().rows_applied.load(Ordering::Relaxed));
             while !stop.load(Ordering::Relaxed) {
+                let status = status();
                 rate.sample(status.rows_applied.load(Ordering::Relaxed));
                 match listener.accept() {
                     Ok((stream, _)) => {
@@ -63,7 +65,8 @@ impl Rate {
     fn sample(&mut self, rows: u64) {
         let dt = self.at.elapsed();
         if dt >= Duration::from_secs(1) {
-            self.per_second = (rows - self.rows) as f64 / dt.as_secs_f64();
+            // A node restarted in the process counts from 0 again.
+            self.per_second = rows.saturating_sub(self.rows) as f64 / dt.as_secs_f64();
             self.at = Instant::now();
             self.rows = rows;
         }

@@ -32,8 +32,8 @@ use rkyv::util::AlignedVec;
 
 use crate::catalog::Catalog;
 use crate::coordinator::{
-    CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark, StateFile,
-    checkpoint_dir,
+    BeginRefused, CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark,
+    StateFile, checkpoint_dir,
 };
 use crate::router::shard_of;
 use crate::settings::Settings;
@@ -115,17 +115,23 @@ pub enum CoordMsg {
     /// at `source`. The reply is its record, or `None` while one is on its way.
     BeginCheckpoint {
         source: SourceMark,
+        /// The sink's own state at `source` (what it needs to recognise redelivered
+        /// transactions after a restart), written durably into the checkpoint.
+        source_state: Vec<u8>,
         reply: flume::Sender<Option<CheckpointRecord>>,
     },
     /// From a shard: its image of checkpoint `id` is durable (`ok`), or could not be written.
     CheckpointDone { id: u64, shard: u16, ok: bool },
+    /// From the sink: replay stopped (a bad source, an unreadable file): what is visible is all
+    /// there will be, so queries waiting for more stop waiting.
+    ReplayStopped,
     /// From the sink: it replayed the source as far as it reached before this run, through
     /// `ts` (`None`: it cannot tell). Queries that waited may begin once HWM passes it.
     CaughtUp { ts: Option<Timestamp> },
     /// From a reader: begin a query at the current snapshot. After a restart the reply waits
     /// until HWM is back where queries saw it before.
     BeginQuery {
-        reply: flume::Sender<(QueryId, Timestamp)>,
+        reply: flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>,
     },
     /// From a reader: the query ended. The reply, if asked for, says whether it was still
     /// running (its lease had not run out).
@@ -275,6 +281,8 @@ pub struct NodeStatus {
     pub checkpoint_ts: AtomicU64,
     pub shard_memory: Vec<ShardMemory>,
     pub source_done: AtomicBool,
+    /// The timestamp of the transaction a shard refused (0: none); replay stopped before it.
+    pub failed_ts: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
@@ -336,6 +344,10 @@ pub enum NodeError {
     Executor { what: String, reason: String },
     #[error("the node has stopped")]
     Stopped,
+    #[error(transparent)]
+    Refused(#[from] BeginRefused),
+    #[error("encoding a batch of transactions for the shards: {0}")]
+    Batch(String),
     #[error("data directory {path}: {source}")]
     DataDir {
         path: PathBuf,
@@ -343,6 +355,16 @@ pub enum NodeError {
     },
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+    #[error(
+        "data directory {path} is in use by another node ({owner}); stop it first, or give \
+         this node its own --data-dir"
+    )]
+    Locked { path: PathBuf, owner: String },
+    #[error(
+        "data directory {path} was written with another schema ({changes}); start with the \
+         schema it was written with, or from an empty data directory"
+    )]
+    CatalogChanged { path: PathBuf, changes: String },
 }
 
 /// A cheap handle to a running node: submit transactions, read tables, watch status.
@@ -358,11 +380,15 @@ pub struct NodeHandle {
     store: Arc<dyn ObjectStore>,
     /// Where the source resumes: the position of the checkpoint this run started from.
     resume: Option<SourceMark>,
+    /// The sink's state recorded with that checkpoint (empty: none).
+    resume_state: Arc<[u8]>,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
 pub struct Node {
     handle: NodeHandle,
+    /// The data directory's lock, held while the node runs.
+    _lock: std::fs::File,
     listening: Option<std::net::SocketAddr>,
     scan_addrs: Vec<std::net::SocketAddr>,
     coordinator: Option<glommio::ExecutorJoinHandle<()>>,
@@ -373,20 +399,40 @@ pub struct Node {
 
 impl Node {
     /// Starts the coordinator, the shards and the I/O thread over `options.data_dir`.
-    pub fn start(options: NodeOptions) -> Result<Node, NodeError> {
+    pub fn start(mut options: NodeOptions) -> Result<Node, NodeError> {
+        options.settings.validate()?;
+        // Absolute once, here: glommio opens directories relative to no descriptor, so a
+        // relative path fails there (EBADF) long after the start.
+        options.data_dir =
+            absolute_dir(&options.data_dir).map_err(|source| NodeError::DataDir {
+                path: options.data_dir.clone(),
+                source,
+            })?;
         let settings = &options.settings;
-        settings.validate()?;
         let shards = settings.shard_count();
-        std::fs::create_dir_all(&options.data_dir).map_err(|source| NodeError::DataDir {
-            path: options.data_dir.clone(),
-            source,
-        })?;
         let lake = options.data_dir.join("lake");
         let store = local_store(&lake)?;
         let store_url = lake_url(&lake)?;
+        let lock = lock_data_dir(&options.data_dir)?;
         let state_file = StateFile::new(&options.data_dir);
         let persisted = state_file.load()?;
+        check_catalog(
+            &options.data_dir,
+            &options.catalog,
+            persisted.checkpoint.is_some(),
+        )?;
         let recovered = recover(&options, &persisted, &lake)?;
+        let resume_state: Arc<[u8]> = match persisted.checkpoint {
+            Some(c) => {
+                let path = checkpoint_dir(&options.data_dir, c.id).join(SOURCE_STATE_FILE);
+                match std::fs::read(&path) {
+                    Ok(b) => b.into(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Arc::from([]),
+                    Err(source) => return Err(NodeError::DataDir { path, source }),
+                }
+            }
+            None => Arc::from([]),
+        };
         let status = Arc::new(NodeStatus::new(shards));
         let resume_ts = persisted.checkpoint.map_or(Timestamp::GENESIS, |c| c.ts);
         status.hwm.store(
@@ -446,9 +492,10 @@ impl Node {
         let io_thread = {
             let store = store.clone();
             let config = settings.storage();
+            let lake: Arc<std::path::Path> = lake.clone().into();
             std::thread::Builder::new()
                 .name("retina-io".into())
-                .spawn(move || io_main(io_rx, store, config))
+                .spawn(move || io_main(io_rx, store, config, lake))
                 .map_err(|e| NodeError::Executor {
                     what: "the I/O thread".into(),
                     reason: e.to_string(),
@@ -542,6 +589,7 @@ impl Node {
             let store_url = store_url.clone();
             let to_shards = shard_txs.clone();
             let long_query_ms = settings.long_query_ms;
+            let query_wait = Duration::from_millis(settings.query_wait_ms);
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(0))
                     .name("retina-coordinator")
@@ -576,6 +624,7 @@ impl Node {
                                 lease_ms: lease,
                                 shards: to_shards,
                                 long_query_ms,
+                                query_wait,
                             },
                             coord_rx,
                             tx,
@@ -638,7 +687,9 @@ impl Node {
                 status,
                 store,
                 resume: persisted.checkpoint.map(|c| c.source),
+                resume_state,
             },
+            _lock: lock,
             coordinator,
             executors,
             io_thread: Some(io_thread),
@@ -708,7 +759,7 @@ impl NodeHandle {
     ) -> Result<RangeInclusive<u64>, NodeError> {
         let _order = self.submit_order.lock().expect("submit lock");
         let range = self.allocate(txns.len() as u64)?;
-        let batches = self.encode_group(txns, range.clone(), sources);
+        let batches = self.encode_group(txns, range.clone(), sources)?;
         self.send_encoded(batches)?;
         self.status
             .txns_submitted
@@ -722,14 +773,28 @@ impl NodeHandle {
         self.resume
     }
 
+    /// The sink's state recorded with the checkpoint this run started from (empty without
+    /// one, or for a checkpoint written before sinks recorded state).
+    pub fn resume_state(&self) -> &[u8] {
+        &self.resume_state
+    }
+
     /// Puts a checkpoint barrier after every transaction submitted so far, taken at `source`
     /// (where the source stands after the last of them). Returns its id, or `None` while an
     /// earlier one is still on its way; [`NodeStatus::checkpoint_id`] says when it is complete.
-    pub fn checkpoint(&self, source: SourceMark) -> Result<Option<u64>, NodeError> {
+    pub fn checkpoint(
+        &self,
+        source: SourceMark,
+        source_state: Vec<u8>,
+    ) -> Result<Option<u64>, NodeError> {
         let _order = self.submit_order.lock().expect("submit lock");
         let (tx, rx) = flume::bounded(1);
         self.coord
-            .send(CoordMsg::BeginCheckpoint { source, reply: tx })
+            .send(CoordMsg::BeginCheckpoint {
+                source,
+                source_state,
+                reply: tx,
+            })
             .map_err(|_| NodeError::Stopped)?;
         let Some(record) = rx.recv().map_err(|_| NodeError::Stopped)? else {
             return Ok(None);
@@ -742,6 +807,13 @@ impl NodeHandle {
             .map_err(|_| NodeError::Stopped)?;
         }
         Ok(Some(record.id))
+    }
+
+    /// Replay stopped on `error` (the sink's own: bad input, an unreadable source): the node
+    /// fails (logged, in the metrics) and keeps serving what is visible.
+    pub fn stop_replay(&self, error: String) {
+        self.status.fail(error);
+        let _ = self.coord.send(CoordMsg::ReplayStopped);
     }
 
     /// The sink replayed the source as far as it reached before this run, through `ts`
@@ -768,7 +840,7 @@ impl NodeHandle {
         txns: &[Vec<TableOp<R>>],
         range: RangeInclusive<u64>,
         sources: &[String],
-    ) -> Vec<AlignedVec> {
+    ) -> Result<Vec<AlignedVec>, NodeError> {
         assert_eq!(
             txns.len() as u64,
             range.end() - range.start() + 1,
@@ -827,7 +899,7 @@ impl NodeHandle {
                     applied_through: *range.end(),
                 }
                 .encode()
-                .expect("op batches encode")
+                .map_err(|e| NodeError::Batch(e.to_string()))
             })
             .collect()
     }
@@ -867,7 +939,7 @@ impl NodeHandle {
         self.coord
             .send(CoordMsg::BeginQuery { reply: tx })
             .map_err(|_| NodeError::Stopped)?;
-        rx.recv().map_err(|_| NodeError::Stopped)
+        Ok(rx.recv().map_err(|_| NodeError::Stopped)??)
     }
 
     /// Extends a running query's lease; false if the query had ended or its lease ran out.
@@ -924,6 +996,102 @@ impl NodeHandle {
     }
 }
 
+/// The file in a checkpoint's folder holding the sink's state.
+const SOURCE_STATE_FILE: &str = "source.state";
+
+/// Takes the data directory's exclusive lock (`DATA_DIR/lock`, holding the owner's pid), so
+/// that a second node on the same directory is refused instead of corrupting it.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, NodeError> {
+    use std::io::{Read, Seek, Write};
+    let path = dir.join("lock");
+    let io = |source| NodeError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut owner = String::new();
+            let _ = file.read_to_string(&mut owner);
+            return Err(NodeError::Locked {
+                path: dir.to_owned(),
+                owner: owner.trim().to_owned(),
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    writeln!(file, "pid {}", std::process::id()).map_err(io)?;
+    Ok(file)
+}
+
+/// The catalog the data directory was written with (`DATA_DIR/catalog.txt`) must be the one
+/// the node starts with: a checkpoint's rows are laid out by it. The first start records it.
+fn check_catalog(
+    dir: &std::path::Path,
+    catalog: &Catalog,
+    has_checkpoint: bool,
+) -> Result<(), NodeError> {
+    let path = dir.join("catalog.txt");
+    let now = catalog.describe();
+    match std::fs::read_to_string(&path) {
+        Ok(before) if before == now => Ok(()),
+        Ok(before) if has_checkpoint => {
+            let changed: Vec<String> = now
+                .lines()
+                .zip(before.lines().chain(std::iter::repeat("(none)")))
+                .filter(|(n, b)| n != b)
+                .map(|(n, b)| format!("was `{b}`, is now `{n}`"))
+                .chain(
+                    before
+                        .lines()
+                        .skip(now.lines().count())
+                        .map(|b| format!("`{b}` was removed")),
+                )
+                .collect();
+            Err(NodeError::CatalogChanged {
+                path: dir.to_owned(),
+                changes: changed.join("; "),
+            })
+        }
+        // No checkpoint reads the old layout: the new catalog replaces it.
+        Ok(_) => write_durably(&path, now.as_bytes()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_durably(&path, now.as_bytes()),
+        Err(source) => Err(NodeError::DataDir { path, source }),
+    }
+}
+
+/// Replaces `path` with `bytes` with blocking calls: a temporary file, fsync, rename, fsync
+/// of the folder.
+fn write_durably(path: &std::path::Path, bytes: &[u8]) -> Result<(), NodeError> {
+    let io = |source| NodeError::DataDir {
+        path: path.to_owned(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    crate::durable::sync_dir(path.parent().expect("a file in the data directory")).map_err(io)
+}
+
+/// `dir`, created if missing, as an absolute path (not resolving symbolic links, so the
+/// path the user gave stays recognisable in messages).
+pub fn absolute_dir(dir: &std::path::Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    std::path::absolute(dir)
+}
+
 fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
     let row = |r: &[Value]| retina_protocol::WireRow::from(r);
     WireTableOp {
@@ -962,6 +1130,8 @@ struct Coordinator {
     shards: Vec<flume::Sender<ShardMsg>>,
     /// A query running this long gets a visibility checkpoint (0: never).
     long_query_ms: u64,
+    /// How long a begin waits for HWM to catch up after a restart.
+    query_wait: Duration,
 }
 
 impl Coordinator {
@@ -1035,10 +1205,10 @@ impl Coordinator {
         }
     }
 
-    fn begin_query(&mut self, reply: flume::Sender<(QueryId, Timestamp)>) {
+    fn begin_query(&mut self, reply: flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>) {
         let q = self.state.begin_query(now_ms(), self.lease_ms);
         self.publish();
-        let _ = reply.send(q);
+        let _ = reply.send(Ok(q));
     }
 }
 
@@ -1060,7 +1230,9 @@ async fn coordinator_main(
     .detach();
     let mut dirty = false;
     // Queries that began before HWM was back where a query saw it before the restart.
-    let mut waiting: Vec<flume::Sender<(QueryId, Timestamp)>> = Vec::new();
+    // Each waits at most `query_wait_ms`, then is refused with a typed error.
+    type BeginReply = flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>;
+    let mut waiting: Vec<(BeginReply, Instant)> = Vec::new();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             CoordMsg::Allocate { n, reply } => {
@@ -1079,6 +1251,12 @@ async fn coordinator_main(
                 Err(e) => c.status.fail(format!("coordinator: {e}")),
             },
             CoordMsg::ShardFailed { shard, ts, error } => {
+                let _ = c.status.failed_ts.compare_exchange(
+                    0,
+                    ts.get(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
                 c.status.fail(format!(
                     "shard {shard} stopped at the transaction with timestamp {ts}: {error}; \
                      HWM stays below it and every earlier transaction stays visible"
@@ -1086,18 +1264,33 @@ async fn coordinator_main(
                 c.state.replay_stopped();
             }
             CoordMsg::CaughtUp { ts } => c.state.caught_up(ts),
-            CoordMsg::BeginCheckpoint { source, reply } => {
+            CoordMsg::ReplayStopped => c.state.replay_stopped(),
+            CoordMsg::BeginCheckpoint {
+                source,
+                source_state,
+                reply,
+            } => {
                 let record = c.state.begin_checkpoint(source);
-                if let Some(r) = record
-                    && let Err(e) = std::fs::create_dir_all(checkpoint_dir(&c.data_dir, r.id))
-                {
-                    c.status.fail(format!(
-                        "coordinator: creating {}: {e}",
-                        checkpoint_dir(&c.data_dir, r.id).display()
-                    ));
-                    c.state.checkpoint_done(r.id, 0, false);
-                    let _ = reply.send(None);
-                    continue;
+                if let Some(r) = record {
+                    // Durable before any shard confirms, so before the record that makes the
+                    // checkpoint complete.
+                    let dir = checkpoint_dir(&c.data_dir, r.id);
+                    let written = match std::fs::create_dir_all(&dir) {
+                        Ok(()) => {
+                            crate::durable::write_file(&dir.join(SOURCE_STATE_FILE), &source_state)
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = written {
+                        c.status.fail(format!(
+                            "coordinator: writing checkpoint {}: {e}",
+                            dir.display()
+                        ));
+                        c.state.checkpoint_done(r.id, 0, false);
+                        let _ = reply.send(None);
+                        continue;
+                    }
                 }
                 let _ = reply.send(record);
             }
@@ -1130,7 +1323,7 @@ async fn coordinator_main(
                 if c.state.ready() {
                     c.begin_query(reply);
                 } else {
-                    waiting.push(reply);
+                    waiting.push((reply, Instant::now() + c.query_wait));
                 }
             }
             CoordMsg::RenewQuery { id, reply } => {
@@ -1189,6 +1382,14 @@ async fn coordinator_main(
                 c.publish();
             }
             CoordMsg::Tick => {
+                let now = Instant::now();
+                waiting.retain(|(reply, deadline)| {
+                    if now < *deadline {
+                        return true;
+                    }
+                    let _ = reply.send(Err(c.state.catching_up()));
+                    false
+                });
                 c.state.expire_queries(now_ms());
                 c.long_queries();
                 // Files storage GC replaced leave the plans once no query may read them.
@@ -1208,7 +1409,7 @@ async fn coordinator_main(
             }
         }
         if !waiting.is_empty() && c.state.ready() {
-            for reply in std::mem::take(&mut waiting) {
+            for (reply, _) in std::mem::take(&mut waiting) {
                 c.begin_query(reply);
             }
         }
@@ -1804,6 +2005,7 @@ fn io_main(
     rx: flume::Receiver<IoRequest>,
     store: Arc<dyn ObjectStore>,
     config: retina_storage::StorageConfig,
+    lake: Arc<std::path::Path>,
 ) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -1812,18 +2014,40 @@ fn io_main(
         while let Ok(req) = rx.recv_async().await {
             let store = store.clone();
             let config = config.clone();
+            let lake = lake.clone();
             // Encoding Parquet is CPU work: keep it off the thread that polls I/O.
             tokio::task::spawn_blocking(move || {
-                futures::executor::block_on(handle_io(req, store.as_ref(), &config))
+                futures::executor::block_on(handle_io(req, store.as_ref(), &config, &lake))
             });
         }
     });
+}
+
+/// Makes the local lake object at `path` durable: its data, and its entry in its folder (and
+/// the folders above it up to the lake, which the store may have just created). A checkpoint
+/// may refer to it once the shard hears it was written, and the checkpoint is fsynced.
+fn sync_object(lake: &std::path::Path, path: &object_store::path::Path) -> Result<(), String> {
+    let file = lake.join(path.as_ref());
+    let err = |e: std::io::Error| format!("syncing {}: {e}", file.display());
+    std::fs::File::open(&file)
+        .and_then(|f| f.sync_all())
+        .map_err(err)?;
+    let mut dir = file.parent();
+    while let Some(d) = dir {
+        crate::durable::sync_dir(d).map_err(err)?;
+        if d == lake {
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(())
 }
 
 async fn handle_io(
     req: IoRequest,
     store: &dyn ObjectStore,
     config: &retina_storage::StorageConfig,
+    lake: &std::path::Path,
 ) {
     match req {
         IoRequest::Flush {
@@ -1834,7 +2058,8 @@ async fn handle_io(
         } => {
             let result = file::flush_block(store, &schema, config, &job)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| e.to_string())
+                .and_then(|()| sync_object(lake, &job.path));
             let _ = reply
                 .send_async(ShardMsg::Flushed {
                     table,
@@ -1851,7 +2076,8 @@ async fn handle_io(
         } => {
             let result = file::combine_blocks(store, &schema, config, &job)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| e.to_string())
+                .and_then(|f| sync_object(lake, &job.target).map(|()| f));
             let _ = reply
                 .send_async(ShardMsg::Combined { table, job, result })
                 .await;
@@ -1864,7 +2090,8 @@ async fn handle_io(
         } => {
             let result = file::rewrite_file(store, &schema, config, &job)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| e.to_string())
+                .and_then(|f| sync_object(lake, &job.target).map(|()| f));
             let _ = reply
                 .send_async(ShardMsg::Rewritten { table, job, result })
                 .await;

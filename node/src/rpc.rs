@@ -155,7 +155,17 @@ impl coordinator::Server for CoordinatorService {
             .send_async(CoordMsg::BeginQuery { reply: tx })
             .await
             .map_err(|_| stopped())?;
-        let (id, snapshot) = rx.recv_async().await.map_err(|_| stopped())?;
+        let (id, snapshot) = match rx.recv_async().await.map_err(|_| stopped())? {
+            Ok(q) => q,
+            Err(refused) => {
+                results
+                    .get()
+                    .init_result()
+                    .init_error()
+                    .set_internal(refused.to_string());
+                return Ok(());
+            }
+        };
         let mut q = results.get().init_result().init_ok();
         q.set_id(id);
         q.set_snapshot(snapshot.get());

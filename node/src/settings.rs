@@ -50,6 +50,12 @@ pub struct Settings {
     /// How often the sink puts a checkpoint barrier into the shards' streams (0: never; a
     /// restart then replays the source from its start).
     pub checkpoint_interval_ms: u64,
+    /// How long a query's begin may wait after a restart for HWM to be back where queries
+    /// saw it before; past it the query is refused with a typed error (catching up).
+    pub query_wait_ms: u64,
+    /// Most bytes of source text one open transaction may hold while the sink waits for its
+    /// END; a larger one is refused (stopped, or dead-lettered with `--on-error skip`).
+    pub max_txn_bytes: u64,
 }
 
 impl Default for Settings {
@@ -72,6 +78,8 @@ impl Default for Settings {
             storage_gc_dead_fraction: 0.5,
             long_query_ms: 30_000,
             checkpoint_interval_ms: 10_000,
+            query_wait_ms: 10_000,
+            max_txn_bytes: 256 << 20,
         }
     }
 }
@@ -147,6 +155,8 @@ impl Settings {
             ("persist_interval_ms", self.persist_interval_ms),
             ("query_lease_ms", self.query_lease_ms),
             ("gc_interval_ms", self.gc_interval_ms),
+            ("query_wait_ms", self.query_wait_ms),
+            ("max_txn_bytes", self.max_txn_bytes),
         ];
         for (name, v) in positive {
             if v == 0 {

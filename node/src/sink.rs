@@ -59,6 +59,8 @@ pub struct SinkOptions {
     pub group_commit_interval: Duration,
     /// How often to put a checkpoint barrier after the group just sent (`None`: never).
     pub checkpoint_interval: Option<Duration>,
+    /// Most bytes of source text an open transaction may hold (`max_txn_bytes`).
+    pub max_txn_bytes: u64,
 }
 
 /// How a sink run ended.
@@ -74,6 +76,11 @@ pub struct SinkReport {
     pub stopped_by: Option<String>,
     /// Checkpoint barriers put into the shards' streams.
     pub checkpoints: u64,
+    /// With `--on-error skip`, a shard refused a transaction (a duplicate key, a missing row):
+    /// it is in the dead-letter file, and the node must restart from its checkpoint and run
+    /// the sink again, which then skips it (the shards applied other transactions after it
+    /// that may have read what it half wrote). Says which one.
+    pub restart: Option<String>,
 }
 
 /// How long a follower waits at the end of its file before looking again.
@@ -82,6 +89,13 @@ const FOLLOW_POLL: Duration = Duration::from_millis(5);
 const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
 /// Read buffer of the source.
 const READ_BUFFER_BYTES: usize = 1 << 20;
+/// A group also closes once its transactions span this many bytes of source, which bounds a
+/// shard's op batch (rkyv's offsets are 32-bit) with [`SinkOptions::max_txn_bytes`].
+const MAX_GROUP_SOURCE_BYTES: u64 = 64 << 20;
+/// Ids of the most recently applied transactions recorded with each checkpoint: a source
+/// that redelivers (Kafka after a consumer restart, Debezium after a connector restart)
+/// starts again at most this many transactions back.
+const CHECKPOINT_IDS: usize = 8192;
 
 type Ops = Vec<TableOp<Vec<Value>>>;
 
@@ -127,7 +141,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         Ok(o) => o,
         Err(e) => {
             let msg = format!("source {}: {e}", source_name(&options.source));
-            node.status().fail(msg.clone());
+            node.stop_replay(msg.clone());
             node.caught_up(None);
             return SinkReport {
                 stopped_by: Some(msg),
@@ -140,11 +154,35 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         // the node persisted.
         node.caught_up(None);
     }
+    let mut assembler = TxnAssembler::new(options.mode);
+    let restored = SourceState::decode(node.resume_state())
+        .map_err(|reason| format!("the checkpoint's source state: {reason}"))
+        .and_then(|state| {
+            assembler.remember_applied(state.applied.iter().map(String::as_str));
+            DeadLetters::read(&options.dead_letter, resume.offset)
+        });
+    let dead_lettered_before = match restored {
+        Ok(d) => d,
+        Err(msg) => {
+            node.stop_replay(msg.clone());
+            node.caught_up(None);
+            return SinkReport {
+                stopped_by: Some(msg),
+                ..Default::default()
+            };
+        }
+    };
     let mut sink = Sink {
         node,
         options,
         name,
-        assembler: TxnAssembler::new(options.mode),
+        assembler,
+        dead_lettered_before,
+        raw_bytes: 0,
+        line_start: resume.offset,
+        txn_begin: resume.offset,
+        spans: Vec::new(),
+        in_flight: std::collections::VecDeque::new(),
         group: Vec::new(),
         group_opened: Instant::now(),
         sources: Vec::new(),
@@ -169,6 +207,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         // the group-commit interval.
         if !sink.group.is_empty()
             && (sink.group.len() >= options.max_group_txns
+                || sink.group_end.offset - sink.submitted.offset >= MAX_GROUP_SOURCE_BYTES
                 || reader.buffer().is_empty()
                 || sink.group_opened.elapsed() >= options.group_commit_interval)
             && !sink.submit()
@@ -189,6 +228,9 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             }
             sink.check_caught_up(true);
             if options.follow {
+                if sink.skip_refused() {
+                    break;
+                }
                 std::thread::sleep(FOLLOW_POLL);
                 continue;
             }
@@ -197,6 +239,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             }
         }
         sink.report.lines += 1;
+        sink.line_start = sink.read.offset;
         sink.read.offset += line.len() as u64;
         sink.read.line = sink.report.lines;
         let ok = match std::str::from_utf8(&line) {
@@ -217,7 +260,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             break;
         }
     }
-    if sink.report.stopped_by.is_none() {
+    if sink.report.stopped_by.is_none() && sink.report.restart.is_none() {
         // A bad transaction whose END never came still goes to the dead-letter file.
         if let Some((_, mut record)) = sink.skipping.take() {
             record.reason += "; the source ended before its END";
@@ -226,8 +269,18 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         if !sink.group.is_empty() {
             sink.submit();
         }
+        // A refusal of the last transactions is known once the shards applied them.
+        if options.on_error == OnError::Skip
+            && let Some(ts) = sink.report.last_ts
+        {
+            node.wait_visible(ts, FINAL_CHECKPOINT_WAIT);
+            sink.skip_refused();
+        }
         // A restart after this one starts here.
-        if sink.report.stopped_by.is_none() && sink.options.checkpoint_interval.is_some() {
+        if sink.report.stopped_by.is_none()
+            && sink.report.restart.is_none()
+            && sink.options.checkpoint_interval.is_some()
+        {
             sink.final_checkpoint();
         }
     }
@@ -260,8 +313,19 @@ struct Sink<'a> {
     group_opened: Instant,
     /// Where each transaction of the group came from, for errors.
     sources: Vec<String>,
-    /// The raw lines of the open transaction, for the dead-letter file.
+    /// The raw lines of the open transaction, for the dead-letter file, and their bytes.
     raw: Vec<String>,
+    raw_bytes: u64,
+    /// Where the line being read starts in the source, and where the open transaction began.
+    line_start: u64,
+    txn_begin: u64,
+    /// Where each transaction of the group begins and ends in the source.
+    spans: Vec<(u64, u64)>,
+    /// Transactions handed to the node and not yet known to be below HWM.
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// Where dead-letter records already in the file end in the source, past the resume
+    /// position: the same bad transactions met again after a restart are not written twice.
+    dead_lettered_before: std::collections::BTreeSet<u64>,
     /// Skipping the rest of a bad transaction: its id and the dead-letter record so far.
     skipping: Option<(String, DeadLetter)>,
     report: SinkReport,
@@ -279,11 +343,86 @@ struct Sink<'a> {
     catch_up_at: Option<u64>,
 }
 
+/// A transaction handed to the node: its timestamp, where it lies in the source, and the
+/// description errors use.
+struct InFlight {
+    ts: u64,
+    begin: u64,
+    end: u64,
+    source: String,
+}
+
 struct DeadLetter {
     position: String,
     transaction: Option<String>,
     reason: String,
     lines: Vec<String>,
+    /// Bytes of `lines`; past `max_txn_bytes` lines are no longer kept.
+    bytes: u64,
+    /// Lines were left out (the transaction was too large to keep whole).
+    truncated: bool,
+}
+
+impl DeadLetter {
+    fn push(&mut self, line: &str, max_bytes: u64) {
+        self.bytes = self.bytes.saturating_add(line.len() as u64);
+        if self.bytes <= max_bytes {
+            self.lines.push(line.to_owned());
+        } else {
+            self.truncated = true;
+        }
+    }
+}
+
+/// What the sink records with a checkpoint: the ids of the transactions applied last, so that
+/// after a restart a redelivered one is recognised, whatever the source's position says.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct SourceState {
+    /// Oldest first.
+    applied: Vec<String>,
+}
+
+impl SourceState {
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("plain strings serialize")
+    }
+
+    /// The state in `bytes` (empty: none recorded).
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.is_empty() {
+            return Ok(SourceState::default());
+        }
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// The dead-letter file as a restart finds it.
+struct DeadLetters;
+
+impl DeadLetters {
+    /// Where each record in `path` ends in the source, for those past `from` (records of
+    /// older versions, without an offset, are left alone).
+    fn read(path: &std::path::Path, from: u64) -> Result<std::collections::BTreeSet<u64>, String> {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+            Err(e) => return Err(format!("dead-letter file {}: {e}", path.display())),
+        };
+        let mut out = std::collections::BTreeSet::new();
+        for line in BufReader::new(file).lines() {
+            let line = line.map_err(|e| format!("dead-letter file {}: {e}", path.display()))?;
+            // A record torn by a crash is written again.
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if let Some(offset) = v.get("offset").and_then(serde_json::Value::as_u64)
+                && offset > from
+            {
+                out.insert(offset);
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Sink<'_> {
@@ -294,7 +433,7 @@ impl Sink<'_> {
             match marker(line) {
                 // Its END: the whole bad transaction goes to the dead-letter file.
                 Some(("END", end)) if end == *id => {
-                    record.lines.push(line.to_owned());
+                    record.push(line, self.options.max_txn_bytes);
                     let (_, record) = self.skipping.take().expect("matched above");
                     return self.dead_letter(record);
                 }
@@ -308,12 +447,15 @@ impl Sink<'_> {
                     }
                 }
                 _ => {
-                    record.lines.push(line.to_owned());
+                    record.push(line, self.options.max_txn_bytes);
                     return true;
                 }
             }
         }
         let open = self.assembler.open_transaction().map(str::to_owned);
+        if open.is_none() {
+            self.txn_begin = self.line_start;
+        }
         let catalog = self.node.catalog().clone();
         let lookup = |name: &str| {
             catalog
@@ -324,6 +466,16 @@ impl Sink<'_> {
         match result {
             Ok(Some(txn)) => {
                 self.raw.clear();
+                self.raw_bytes = 0;
+                if self.dead_lettered_before.remove(&self.read.offset) {
+                    // A shard refused it before a restart; it is in the dead-letter file.
+                    tracing::info!(
+                        "{}: transaction {} was dead-lettered before the restart; skipped",
+                        txn.begin,
+                        txn.id
+                    );
+                    return true;
+                }
                 let mut ops = Vec::with_capacity(txn.events.len());
                 for ev in txn.events {
                     let table = catalog
@@ -341,17 +493,42 @@ impl Sink<'_> {
                     self.group_opened = Instant::now();
                 }
                 self.group.push(ops);
+                self.spans.push((self.txn_begin, self.read.offset));
                 self.group_end = self.read;
                 self.sources
                     .push(format!("{} (transaction {})", txn.begin, txn.id));
                 true
             }
             Ok(None) => {
-                if self.assembler.open_transaction().is_some() {
-                    self.raw.push(line.to_owned());
-                } else {
+                let Some(open) = self.assembler.open_transaction() else {
                     self.raw.clear();
+                    self.raw_bytes = 0;
+                    return true;
+                };
+                self.raw_bytes += line.len() as u64;
+                if self.raw_bytes > self.options.max_txn_bytes {
+                    // Refused before it is kept whole: its lines are not kept either.
+                    let e = DebeziumError::Transaction {
+                        pos,
+                        id: open.to_owned(),
+                        reason: format!(
+                            "the transaction holds more than {} bytes of source text \
+                             (max_txn_bytes); raise the setting or split the transaction",
+                            self.options.max_txn_bytes
+                        ),
+                    };
+                    let open = Some(open.to_owned());
+                    self.raw.clear();
+                    let ok = self.on_error(e, open, line);
+                    if let Some((_, record)) = &mut self.skipping {
+                        // Too large to keep: the record says where it was, not what it held.
+                        record.lines.clear();
+                        record.bytes = u64::MAX;
+                        record.truncated = true;
+                    }
+                    return ok;
                 }
+                self.raw.push(line.to_owned());
                 true
             }
             Err(e) => self.on_error(e, open, line),
@@ -383,10 +560,13 @@ impl Sink<'_> {
             position: e.position().to_string(),
             transaction,
             reason: e.to_string(),
+            bytes: lines.iter().map(|l| l.len() as u64).sum(),
+            truncated: false,
             lines,
         };
         // What to do depends on where the error left the assembler.
         let now_open = self.assembler.open_transaction().map(str::to_owned);
+        self.raw_bytes = 0;
         match (open, now_open) {
             // The bad transaction is still open (a change line failed): drop the rest of it, up
             // to its END.
@@ -401,6 +581,7 @@ impl Sink<'_> {
             // while the bad one was open): this line starts the new one.
             (dropped, Some(_)) => {
                 let lines = std::mem::replace(&mut self.raw, vec![line.to_owned()]);
+                self.raw_bytes = line.len() as u64;
                 self.dead_letter(record(dropped.or(id), lines))
             }
             // Nothing is open any more (a bad END, or a bad line between transactions).
@@ -413,11 +594,22 @@ impl Sink<'_> {
     }
 
     fn dead_letter(&mut self, record: DeadLetter) -> bool {
+        // Where the record ends in the source: the same on every replay of these lines.
+        self.dead_letter_at(record, self.read.offset)
+    }
+
+    fn dead_letter_at(&mut self, record: DeadLetter, offset: u64) -> bool {
+        if self.dead_lettered_before.remove(&offset) {
+            // Written by the run before a restart; the transaction is skipped again.
+            return true;
+        }
         let json = serde_json::json!({
             "position": record.position,
+            "offset": offset,
             "transaction": record.transaction,
             "reason": record.reason,
             "lines": record.lines,
+            "lines_left_out": record.truncated,
         });
         let written = OpenOptions::new()
             .create(true)
@@ -446,14 +638,79 @@ impl Sink<'_> {
         }
     }
 
+    /// With `--on-error skip`, whether a shard refused a transaction this run handed over:
+    /// then it goes to the dead-letter file and the run ends asking for a restart (see
+    /// [`SinkReport::restart`]).
+    fn skip_refused(&mut self) -> bool {
+        let failed = self.node.status().failed_ts.load(Ordering::Acquire);
+        if self.options.on_error != OnError::Skip || failed == 0 {
+            return false;
+        }
+        let Some(txn) = self.in_flight.iter().find(|t| t.ts == failed) else {
+            return false;
+        };
+        let reason = self.node.status().error().unwrap_or_default();
+        let (lines, truncated) = match &self.options.source {
+            SourceSpec::File(p) => match read_span(p, txn.begin, txn.end) {
+                Ok(lines) => (lines, false),
+                Err(e) => {
+                    tracing::warn!("re-reading {} for the dead-letter file: {e}", p.display());
+                    (Vec::new(), true)
+                }
+            },
+            // Skipping means replaying from the checkpoint, and stdin cannot be read again.
+            SourceSpec::Stdin => {
+                self.report.stopped_by = Some(format!(
+                    "{reason}. With --on-error skip a transaction a shard refused is skipped by \
+                     replaying from the checkpoint, which stdin cannot do: replay from a file"
+                ));
+                return true;
+            }
+        };
+        let record = DeadLetter {
+            position: txn.source.clone(),
+            transaction: None,
+            reason: reason.clone(),
+            bytes: txn.end - txn.begin,
+            truncated,
+            lines,
+        };
+        let (end, source) = (txn.end, txn.source.clone());
+        if self.dead_letter_at(record, end) {
+            self.report.restart = Some(format!(
+                "{source} was refused ({reason}); it is in the dead-letter file"
+            ));
+        }
+        true
+    }
+
     /// Hands the group to the node; false if the node has stopped, or a shard stopped replay.
     fn submit(&mut self) -> bool {
+        if self.skip_refused() {
+            return false;
+        }
         if let Some(e) = self.node.status().error() {
             self.report.stopped_by = Some(e);
             return false;
         }
         match self.node.submit(&self.group, &self.sources) {
             Ok(range) => {
+                let hwm = self.node.status().hwm.load(Ordering::Acquire);
+                while self.in_flight.front().is_some_and(|t| t.ts < hwm) {
+                    self.in_flight.pop_front();
+                }
+                for ((ts, (begin, end)), source) in range
+                    .clone()
+                    .zip(self.spans.drain(..))
+                    .zip(self.sources.iter())
+                {
+                    self.in_flight.push_back(InFlight {
+                        ts,
+                        begin,
+                        end,
+                        source: source.clone(),
+                    });
+                }
                 self.report.last_ts = Some(*range.end());
                 self.report.transactions += self.group.len() as u64;
                 self.group.clear();
@@ -487,7 +744,10 @@ impl Sink<'_> {
         if self.checkpointed == self.submitted {
             return;
         }
-        match self.node.checkpoint(self.submitted) {
+        let state = SourceState {
+            applied: self.assembler.recent_applied(CHECKPOINT_IDS),
+        };
+        match self.node.checkpoint(self.submitted, state.encode()) {
             Ok(Some(_)) => {
                 self.checkpointed = self.submitted;
                 self.report.checkpoints += 1;
@@ -530,9 +790,21 @@ impl Sink<'_> {
     }
 
     fn fail(&mut self, msg: String) {
-        self.node.status().fail(msg.clone());
+        self.node.stop_replay(msg.clone());
         self.report.stopped_by = Some(msg);
     }
+}
+
+/// The lines of `path` between byte `begin` and byte `end`.
+fn read_span(path: &std::path::Path, begin: u64, end: u64) -> std::io::Result<Vec<String>> {
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(begin))?;
+    let mut bytes = Vec::new();
+    f.take(end - begin).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The transaction marker `line` is, if any: `("BEGIN" | "END", id)`, bare or in an envelope.

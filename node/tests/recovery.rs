@@ -106,7 +106,7 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
         line: 300,
     };
     let id = h
-        .checkpoint(mark)
+        .checkpoint(mark, Vec::new())
         .unwrap()
         .expect("no checkpoint on its way");
     wait_checkpoint(&node, id);
@@ -142,9 +142,96 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
     assert_eq!(ids(&node, 401), vec![398, 399]);
     // It goes on from there, and a later checkpoint replaces the first.
     assert_eq!(h.submit(&[txn(400)], &[]).unwrap(), 402..=402);
-    let id = h.checkpoint(SourceMark::default()).unwrap().unwrap();
+    let id = h
+        .checkpoint(SourceMark::default(), Vec::new())
+        .unwrap()
+        .unwrap();
     wait_checkpoint(&node, id);
     assert_eq!(id, 2);
     assert!(!dir.path().join("checkpoints/0000000000000001").exists());
     node.shutdown();
+}
+
+fn start_with(dir: &std::path::Path, ddl: &str, query_wait_ms: u64) -> Result<Node, String> {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(ddl, "t.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            query_wait_ms,
+            ..Settings::default()
+        },
+        listen: None,
+        auth_token: None,
+        await_source: false,
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_query_that_cannot_catch_up_is_refused_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_with(dir.path(), DDL, 200).unwrap();
+    let h = node.handle().clone();
+    let first: Vec<_> = (0..10).map(txn).collect();
+    h.submit(&first, &[]).unwrap();
+    let id = h
+        .checkpoint(SourceMark::default(), b"state".to_vec())
+        .unwrap()
+        .unwrap();
+    wait_checkpoint(&node, id);
+    h.submit(&[txn(10)], &[]).unwrap();
+    assert!(h.wait_visible(12, Duration::from_secs(10)));
+    // A query sees 12 before the stop.
+    let (q, snapshot) = h.begin_query().unwrap();
+    assert_eq!(snapshot.get(), 12);
+    h.end_query(q);
+    node.shutdown();
+
+    // Nothing replays what came after the checkpoint: a query waits its 200 ms, then is
+    // refused with the reason, instead of hanging.
+    let node = start_with(dir.path(), DDL, 200).unwrap();
+    assert_eq!(node.handle().resume_state(), b"state");
+    let began = Instant::now();
+    let err = node.handle().begin_query().unwrap_err().to_string();
+    assert!(began.elapsed() < Duration::from_secs(5));
+    assert!(
+        err.contains("catching up: snapshot 11 of the 12 queries saw before"),
+        "{err}"
+    );
+    node.shutdown();
+}
+
+#[test]
+fn a_data_directory_serves_one_node_with_the_schema_it_was_written_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_with(dir.path(), DDL, 1000).unwrap();
+    let err = start_with(dir.path(), DDL, 1000)
+        .err()
+        .expect("a second node");
+    assert!(err.contains("is in use by another node (pid "), "{err}");
+    let h = node.handle().clone();
+    h.submit(&[txn(0)], &[]).unwrap();
+    let id = h
+        .checkpoint(SourceMark::default(), Vec::new())
+        .unwrap()
+        .unwrap();
+    wait_checkpoint(&node, id);
+    node.shutdown();
+
+    // The checkpoint holds rows of `t (id BIGINT, v BIGINT)`: a changed column is refused.
+    let changed = "CREATE TABLE t (id BIGINT PRIMARY KEY, v INT NOT NULL);";
+    let err = start_with(dir.path(), changed, 1000)
+        .err()
+        .expect("refused");
+    assert!(
+        err.contains("was `t (id bigint not null, v bigint not null, primary key (id))`")
+            && err.contains("is now `t (id bigint not null, v int not null, primary key (id))`"),
+        "{err}"
+    );
+    let added = format!("{DDL} CREATE TABLE u (k INT PRIMARY KEY);");
+    let err = start_with(dir.path(), &added, 1000).err().expect("refused");
+    assert!(err.contains("was `(none)`, is now `u (k int"), "{err}");
+    // The schema it was written with still starts, after the first node let go of the lock.
+    start_with(dir.path(), DDL, 1000).unwrap().shutdown();
 }

@@ -202,6 +202,7 @@ fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> Sink
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
+        max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
     };
     run_sink(node.handle(), &options, &AtomicBool::new(false))
 }
@@ -509,6 +510,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
+        max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
     };
     let (h, s) = (node.handle().clone(), stop.clone());
     let sink = std::thread::spawn(move || run_sink(&h, &options, &s));

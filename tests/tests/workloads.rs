@@ -101,6 +101,7 @@ fn replay_and_compare(
             max_group_txns: 64,
             group_commit_interval: Duration::from_millis(2),
             checkpoint_interval: None,
+            max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
         },
         &AtomicBool::new(false),
     );
