@@ -35,6 +35,7 @@ use crate::coordinator::{
     CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark, StateFile,
     checkpoint_dir,
 };
+use crate::debezium::DecimalHandling;
 use crate::router::shard_of;
 use crate::settings::Settings;
 use crate::vis_checkpoint::VisCheckpoints;
@@ -266,6 +267,13 @@ pub struct NodeStatus {
     pub rows_applied: AtomicU64,
     pub duplicates_skipped: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Source lines that carry no change and were skipped: Debezium heartbeats, logical
+    /// decoding messages (`op: "m"`) and schema change events.
+    pub heartbeats_skipped: AtomicU64,
+    pub messages_skipped: AtomicU64,
+    pub schema_changes_skipped: AtomicU64,
+    /// Open source transactions restarted by a repeated BEGIN of the same transaction.
+    pub txn_restarts: AtomicU64,
     /// Batches sent to shards and not yet applied, over all shards.
     pub backlog_batches: AtomicU64,
     pub running_queries: AtomicU64,
@@ -358,6 +366,8 @@ pub struct NodeHandle {
     store: Arc<dyn ObjectStore>,
     /// Where the source resumes: the position of the checkpoint this run started from.
     resume: Option<SourceMark>,
+    /// How the sink reads decimals of a stream without the envelope schema.
+    decimal_handling: DecimalHandling,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
@@ -638,6 +648,7 @@ impl Node {
                 status,
                 store,
                 resume: persisted.checkpoint.map(|c| c.source),
+                decimal_handling: settings.decimal_handling,
             },
             coordinator,
             executors,
@@ -690,6 +701,11 @@ impl NodeHandle {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
+    }
+
+    /// The `decimal_handling` setting: how a decimal without the envelope schema is encoded.
+    pub fn decimal_handling(&self) -> DecimalHandling {
+        self.decimal_handling
     }
 
     pub fn shard_count(&self) -> u16 {
@@ -783,9 +799,15 @@ impl NodeHandle {
             for op in txn {
                 let schema = self.catalog.get(op.table).expect("ops name catalog tables");
                 match &op.op {
-                    RowOp::Insert(r) | RowOp::Delete(r) => {
+                    RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => {
                         let s = shard_of(schema, r, shards, &mut scratch);
                         per_shard[usize::from(s)].push(WireTableOp::from(op));
+                    }
+                    // The table's rows are spread over every shard by key hash.
+                    RowOp::Truncate => {
+                        for ops in &mut per_shard {
+                            ops.push(WireTableOp::from(op));
+                        }
                     }
                     RowOp::Update { before, after } => {
                         let from = shard_of(schema, before, shards, &mut scratch);
@@ -935,6 +957,8 @@ fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
                 before: row(before),
                 after: row(after),
             },
+            RowOp::Upsert(r) => retina_protocol::WireOp::Upsert(row(r)),
+            RowOp::Truncate => retina_protocol::WireOp::Truncate,
         },
     }
 }
@@ -1518,8 +1542,9 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
                 return fail_txn(ctx, shard, ts, format!("unknown table id {}", op.table()));
             };
             let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
-                RowOp::Insert(r) | RowOp::Delete(r) => [Some(r), None],
+                RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => [Some(r), None],
                 RowOp::Update { before, after } => [Some(before), Some(after)],
+                RowOp::Truncate => [None, None],
             };
             for r in rows.into_iter().flatten() {
                 if schema.check_key(r).is_ok() && shard_of(schema, r, ctx.shards, scratch) != ctx.id

@@ -4,6 +4,8 @@
 use std::path::Path;
 
 use retina_storage::StorageConfig;
+
+use crate::debezium::DecimalHandling;
 use serde::Deserialize;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -50,6 +52,13 @@ pub struct Settings {
     /// How often the sink puts a checkpoint barrier into the shards' streams (0: never; a
     /// restart then replays the source from its start).
     pub checkpoint_interval_ms: u64,
+    /// How a stream without the envelope schema (`schemas.enable=false`) encodes decimals: the
+    /// connector's `decimal.handling.mode`. `precise`: base64 big-endian two's-complement
+    /// bytes of the unscaled value at the column's scale; `string`: a decimal literal
+    /// (`"123.45"`); `double`: a JSON number. A JSON number and Debezium's variable-scale
+    /// `{"scale", "value"}` are read in every mode; a string never by guessing: `"9999"` is a
+    /// literal under `string` and bytes under `precise`. With the envelope, its schema decides.
+    pub decimal_handling: DecimalHandling,
 }
 
 impl Default for Settings {
@@ -72,6 +81,7 @@ impl Default for Settings {
             storage_gc_dead_fraction: 0.5,
             long_query_ms: 30_000,
             checkpoint_interval_ms: 10_000,
+            decimal_handling: DecimalHandling::String,
         }
     }
 }
@@ -201,6 +211,12 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown field `nope`"), "{e}");
         assert!(Settings::load(None, &["shards".into()]).is_err());
+        let s = Settings::load(None, &["decimal_handling=\"precise\"".into()]).unwrap();
+        assert_eq!(s.decimal_handling, DecimalHandling::Precise);
+        let e = Settings::load(None, &["decimal_handling=\"guess\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `guess`"), "{e}");
     }
 
     #[test]
