@@ -316,7 +316,7 @@ pub fn write_debezium(
                 ))
             }
             (_, Value::Int(i)) => json!(i),
-            (_, Value::Timestamp(t)) => json!(t),
+            (_, Value::Timestamp(t) | Value::Time(t)) => json!(t),
             (_, Value::Date(d)) => json!(d),
             (_, Value::Utf8(s)) => json!(s),
             (_, Value::Boolean(b)) => json!(b),
@@ -348,6 +348,8 @@ pub fn write_debezium(
                 RowOp::Insert(r) => ("c", J::Null, row(t, r)),
                 RowOp::Delete(r) => ("d", row(t, r), J::Null),
                 RowOp::Update { before, after } => ("u", row(t, before), row(t, after)),
+                RowOp::Upsert(r) => ("r", J::Null, row(t, r)),
+                RowOp::Truncate => ("t", J::Null, J::Null),
             };
             writeln!(
                 out,

@@ -60,8 +60,10 @@ pub fn stamp_fresh(txn: &mut [TableOp<Vec<Value>>], now_us: i64, fresh_cols: &[u
     for op in txn {
         let col = fresh_cols[op.table as usize];
         match &mut op.op {
-            RowOp::Insert(r) | RowOp::Update { after: r, .. } => r[col] = Value::Timestamp(now_us),
-            RowOp::Delete(_) => {}
+            RowOp::Insert(r) | RowOp::Update { after: r, .. } | RowOp::Upsert(r) => {
+                r[col] = Value::Timestamp(now_us)
+            }
+            RowOp::Delete(_) | RowOp::Truncate => {}
         }
     }
 }
@@ -190,9 +192,9 @@ impl SelfCheck {
         for op in txn {
             let counts = &mut self.tables[op.table as usize].1;
             match op.op {
-                RowOp::Insert(_) => counts.inserts += 1,
+                RowOp::Insert(_) | RowOp::Upsert(_) => counts.inserts += 1,
                 RowOp::Update { .. } => counts.updates += 1,
-                RowOp::Delete(_) => counts.deletes += 1,
+                RowOp::Delete(_) | RowOp::Truncate => counts.deletes += 1,
             }
         }
     }
@@ -346,7 +348,11 @@ impl DebeziumWriter {
             .iter()
             .filter_map(|op| {
                 let row = match &op.op {
-                    RowOp::Insert(r) | RowOp::Update { after: r, .. } | RowOp::Delete(r) => r,
+                    RowOp::Insert(r)
+                    | RowOp::Update { after: r, .. }
+                    | RowOp::Delete(r)
+                    | RowOp::Upsert(r) => r,
+                    RowOp::Truncate => return None,
                 };
                 match self.fresh[op.table as usize].map(|i| &row[i]) {
                     Some(Value::Timestamp(t)) => Some(t.div_euclid(1000)),
@@ -413,6 +419,8 @@ impl DebeziumWriter {
             ),
             RowOp::Update { before, after } => ("u", Some(before), Some(after)),
             RowOp::Delete(r) => ("d", Some(r), None),
+            RowOp::Upsert(r) => ("r", None, Some(r)),
+            RowOp::Truncate => ("t", None, None),
         };
         self.line.extend_from_slice(br#"{"before":"#);
         self.image(t, before)?;
@@ -472,7 +480,7 @@ fn json_value(out: &mut Vec<u8>, ty: ColumnType, v: &Value) -> std::io::Result<(
     match v {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Boolean(b) => write!(out, "{b}")?,
-        Value::Int(i) | Value::Timestamp(i) => write!(out, "{i}")?,
+        Value::Int(i) | Value::Timestamp(i) | Value::Time(i) => write!(out, "{i}")?,
         Value::Date(d) => write!(out, "{d}")?,
         Value::Float(f) if f.is_finite() => serde_json::to_writer(&mut *out, f)?,
         Value::Float(f) if f.is_nan() => out.extend_from_slice(b"\"NaN\""),

@@ -169,7 +169,7 @@ fn every_update_hits_the_row_it_names_and_money_is_conserved() {
         for op in txn {
             let account = op.table == table::SAVING_ACCOUNT || op.table == table::CHECKING_ACCOUNT;
             match &op.op {
-                RowOp::Insert(_) => {}
+                RowOp::Insert(_) | RowOp::Upsert(_) => {}
                 RowOp::Update { before, after } => {
                     assert!(in_stream, "the load only inserts");
                     if account {
@@ -202,7 +202,7 @@ fn every_update_hits_the_row_it_names_and_money_is_conserved() {
                         schemas[op.table as usize].name()
                     );
                 }
-                RowOp::Delete(_) => panic!("txn {n}: HyBench deletes nothing"),
+                RowOp::Delete(_) | RowOp::Truncate => panic!("txn {n}: HyBench deletes nothing"),
             }
         }
         assert_eq!(delta, expected, "txn {n}: money appeared or vanished");

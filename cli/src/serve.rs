@@ -25,7 +25,11 @@ pub struct ServeArgs {
     /// Where the node keeps its state and its lake (Parquet files under `lake/`).
     #[arg(long)]
     data_dir: PathBuf,
-    /// SQL DDL of the tables to replay (`CREATE TABLE ... PRIMARY KEY (...)`).
+    /// SQL DDL of the tables to replay (`CREATE TABLE ... PRIMARY KEY (...)`). Declare time
+    /// columns with the source's fractional-second precision: without the envelope schema an
+    /// integer time is read in the unit it implies (`TIMESTAMP(0..3)`/`TIME(0..3)`:
+    /// milliseconds, `(4..6)`: microseconds, `(7..9)`: nanoseconds; undeclared: 6). MySQL's
+    /// plain DATETIME is DATETIME(0): declare it so.
     #[arg(long)]
     schema: PathBuf,
     /// The change stream: `file:PATH` or `stdin` (Debezium JSON, one message per line).

@@ -1,6 +1,11 @@
 //! Tables from SQL DDL, and the catalog that names them. `CREATE TABLE t (...) PRIMARY KEY (...)`
-//! or a column-level `PRIMARY KEY`; integer, float, decimal(p,s), varchar/text, boolean, date and
-//! timestamp columns. Parsed with sqlparser (the dialect-neutral grammar).
+//! or a column-level `PRIMARY KEY`; integer, float, decimal(p,s), varchar/text, boolean, date,
+//! time, timestamp and timestamptz columns. Parsed with sqlparser (the dialect-neutral grammar).
+//!
+//! A time column's declared fractional-second precision (`TIMESTAMP(3)`, `DATETIME(6)`,
+//! `TIME(9)`; 6 when undeclared) is kept: a stream without the envelope schema sends integer
+//! times in the unit it implies (0-3 milliseconds, 4-6 microseconds, 7-9 nanoseconds), as
+//! Debezium picks `Timestamp`, `MicroTimestamp` or `NanoTimestamp`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -144,7 +149,7 @@ fn table(ct: &CreateTable) -> Result<Arc<TableSchema>, String> {
     let mut columns = Vec::with_capacity(ct.columns.len());
     let mut primary_key: Vec<String> = Vec::new();
     for c in &ct.columns {
-        let ty =
+        let (ty, time_precision) =
             column_type(&c.data_type).map_err(|r| format!("column `{}`: {r}", c.name.value))?;
         let mut nullable = true;
         for opt in &c.options {
@@ -157,7 +162,9 @@ fn table(ct: &CreateTable) -> Result<Arc<TableSchema>, String> {
                 _ => {}
             }
         }
-        columns.push(ColumnDef::new(c.name.value.clone(), ty, nullable));
+        let mut column = ColumnDef::new(c.name.value.clone(), ty, nullable);
+        column.time_precision = time_precision;
+        columns.push(column);
     }
     for constraint in &ct.constraints {
         if let TableConstraint::PrimaryKey(pk) = constraint {
@@ -182,9 +189,33 @@ fn table(ct: &CreateTable) -> Result<Arc<TableSchema>, String> {
     })
 }
 
-fn column_type(dt: &DataType) -> Result<ColumnType, String> {
+/// A column's type and, for a time column, its declared fractional-second precision.
+fn column_type(dt: &DataType) -> Result<(ColumnType, Option<u8>), String> {
     use DataType as D;
-    Ok(match dt {
+    use sqlparser::ast::TimezoneInfo as Tz;
+    let time = |ty: ColumnType, precision: &Option<u64>| match precision {
+        None => Ok((ty, None)),
+        Some(p @ 0..=9) => Ok((ty, Some(*p as u8))),
+        Some(p) => Err(format!(
+            "{dt}: fractional-second precision {p} is beyond nanoseconds (0..=9)"
+        )),
+    };
+    match dt {
+        D::Timestamp(p, Tz::None | Tz::WithoutTimeZone) | D::Datetime(p) | D::TimestampNtz(p) => {
+            return time(ColumnType::Timestamp, p);
+        }
+        D::Timestamp(p, Tz::WithTimeZone | Tz::Tz) => return time(ColumnType::TimestampTz, p),
+        D::Time(p, Tz::None | Tz::WithoutTimeZone) => return time(ColumnType::Time, p),
+        D::Time(..) => {
+            return Err(
+                "time with time zone is not supported; declare it varchar (Debezium sends it \
+                 as text)"
+                    .into(),
+            );
+        }
+        _ => {}
+    }
+    let ty = match dt {
         D::TinyInt(_)
         | D::SmallInt(_)
         | D::Int2(_)
@@ -234,9 +265,9 @@ fn column_type(dt: &DataType) -> Result<ColumnType, String> {
         | D::Uuid => ColumnType::Utf8,
         D::Boolean | D::Bool => ColumnType::Boolean,
         D::Date => ColumnType::Date,
-        D::Timestamp(..) | D::Datetime(_) => ColumnType::Timestamp,
         other => return Err(format!("type {other} is not supported")),
-    })
+    };
+    Ok((ty, None))
 }
 
 #[cfg(test)]
@@ -322,5 +353,38 @@ mod tests {
                 .contains("defined twice")
         );
         assert!(err("DROP TABLE t").contains("only CREATE TABLE"));
+        assert!(err("CREATE TABLE t (a INT PRIMARY KEY, b TIMESTAMP(12))").contains("0..=9"));
+        assert!(
+            err("CREATE TABLE t (a INT PRIMARY KEY, b TIME WITH TIME ZONE)").contains("varchar")
+        );
+    }
+
+    #[test]
+    fn time_columns_keep_their_precision() {
+        let sql = "CREATE TABLE t (
+            id INT PRIMARY KEY, a TIMESTAMP, b TIMESTAMP(3), c DATETIME(6), d TIMESTAMP(9),
+            e TIMESTAMP WITH TIME ZONE, f TIMESTAMPTZ, g TIME, h TIME(3),
+            i TIMESTAMP(0) WITHOUT TIME ZONE)";
+        let c = Catalog::from_ddl(sql, "t.sql").unwrap();
+        let t = c.get(0).unwrap();
+        let cols: Vec<_> = t.columns()[1..]
+            .iter()
+            .map(|c| (c.ty, c.time_precision))
+            .collect();
+        use ColumnType::*;
+        assert_eq!(
+            cols,
+            vec![
+                (Timestamp, None),
+                (Timestamp, Some(3)),
+                (Timestamp, Some(6)),
+                (Timestamp, Some(9)),
+                (TimestampTz, None),
+                (TimestampTz, None),
+                (Time, None),
+                (Time, Some(3)),
+                (Timestamp, Some(0)),
+            ]
+        );
     }
 }

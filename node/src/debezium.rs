@@ -4,15 +4,20 @@
 //!
 //! Both forms Kafka Connect's JSON converter writes are accepted: the `{"schema", "payload"}`
 //! envelope (the schema's semantic type names decide how integers and byte strings are read)
-//! and the bare payload (`schemas.enable=false`, where the column type alone decides).
+//! and the bare payload (`schemas.enable=false`, where the column's declared type and
+//! precision and the `decimal_handling` setting decide; never the value's content).
+//!
+//! Lines that carry no row change are recognised and skipped: heartbeats, logical decoding
+//! messages (`op: "m"`) and schema change events ([`Message::Skipped`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use chrono::{DateTime, NaiveDate, NaiveDateTime};
-use retina_storage::{ColumnType, RowOp, StorageError, TableSchema, Value};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Timelike};
+use retina_storage::{ColumnDef, ColumnType, RowOp, StorageError, TableSchema, Value};
+use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
 /// How many applied transaction ids the assembler remembers to drop replayed duplicates. A
@@ -34,6 +39,45 @@ const TIME_US: &str = "io.debezium.time.MicroTime";
 const TIME_NS: &str = "io.debezium.time.NanoTime";
 
 const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// How a stream without the envelope schema encodes decimals: Debezium's
+/// `decimal.handling.mode`, which the schema would otherwise tell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecimalHandling {
+    /// Base64 big-endian two's-complement bytes of the unscaled value (Connect `Decimal`), at
+    /// the column's scale.
+    Precise,
+    /// A decimal literal, `"123.45"`.
+    #[default]
+    String,
+    /// A JSON number.
+    Double,
+}
+
+/// What a line alone does not say about how to read it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ParseOptions {
+    pub decimal_handling: DecimalHandling,
+}
+
+/// The connector name Debezium's Postgres connector writes in `source.connector`.
+pub const POSTGRES_CONNECTOR: &str = "postgresql";
+
+/// Whether two transaction ids name the same source transaction, as `connector` defines
+/// them. Debezium's Postgres connector (since 2.1) writes `txId:LSN`, the LSN being the
+/// last one seen when the BEGIN, each change event or the END was written, so only the
+/// `txId` part identifies the transaction; every other connector's id is compared whole
+/// (MySQL's GTID `server-uuid:n`, for one, needs both parts).
+pub fn same_transaction(a: &str, b: &str, connector: Option<&str>) -> bool {
+    a == b || (connector == Some(POSTGRES_CONNECTOR) && postgres_txid(a) == postgres_txid(b))
+}
+
+/// The `txId` part of a Postgres `txId:LSN` transaction id (the whole id when it has no
+/// LSN part, as before Debezium 2.1).
+fn postgres_txid(id: &str) -> &str {
+    id.split_once(':').map_or(id, |(txid, _)| txid)
+}
 
 /// Where a message came from: a file path (or `stdin`) and a 1-based line number.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -182,14 +226,34 @@ pub enum Message {
     /// A Kafka tombstone (`null`, or the empty line kcat prints for one) that follows a delete
     /// for log compaction; it carries no change and is skipped.
     Tombstone { pos: SourcePosition },
+    /// A message that carries no row change and is skipped (counted by the sink).
+    Skipped {
+        what: Skipped,
+        /// A transactional logical decoding message's `transaction` block: Debezium counts
+        /// the message among its transaction's events.
+        txn: Option<TxnRef>,
+        pos: SourcePosition,
+    },
+}
+
+/// Kinds of [`Message::Skipped`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skipped {
+    /// A heartbeat (`__debezium-heartbeat` topic): `{"ts_ms": ...}`.
+    Heartbeat,
+    /// A logical decoding message (`op: "m"`, Postgres `pg_logical_emit_message`).
+    LogicalMessage,
+    /// A schema change event (`ddl`, `tableChanges`): the catalog DDL decides the tables.
+    SchemaChange,
 }
 
 impl Message {
     pub fn position(&self) -> &SourcePosition {
         match self {
-            Message::Begin { pos, .. } | Message::End { pos, .. } | Message::Tombstone { pos } => {
-                pos
-            }
+            Message::Begin { pos, .. }
+            | Message::End { pos, .. }
+            | Message::Tombstone { pos }
+            | Message::Skipped { pos, .. } => pos,
             Message::Change(ev) => &ev.pos,
         }
     }
@@ -206,6 +270,8 @@ pub struct ChangeEvent {
     /// `op` was `r`: a snapshot read. Snapshot events carry no transaction block.
     pub snapshot: bool,
     pub txn: Option<TxnRef>,
+    /// `source.connector` (`postgresql`, `mysql`, ...): how its transaction ids compare.
+    pub connector: Option<String>,
     pub pos: SourcePosition,
 }
 
@@ -219,6 +285,11 @@ pub enum ChangeOp {
         before: Vec<Value>,
         after: Vec<Value>,
     },
+    /// A snapshot read (`op: "r"`): the row's image whether or not the key exists, since
+    /// Debezium re-sends reads (incremental snapshots, a re-snapshot after a reset).
+    Upsert(Vec<Value>),
+    /// `op: "t"`: every row of the table is deleted.
+    Truncate,
 }
 
 impl From<ChangeOp> for RowOp<Vec<Value>> {
@@ -227,6 +298,8 @@ impl From<ChangeOp> for RowOp<Vec<Value>> {
             ChangeOp::Insert(row) => RowOp::Insert(row),
             ChangeOp::Delete(row) => RowOp::Delete(row),
             ChangeOp::Update { before, after } => RowOp::Update { before, after },
+            ChangeOp::Upsert(row) => RowOp::Upsert(row),
+            ChangeOp::Truncate => RowOp::Truncate,
         }
     }
 }
@@ -241,21 +314,37 @@ pub struct TxnRef {
     pub data_collection_order: u64,
 }
 
-/// Parses one line of a Debezium JSON stream. `catalog` resolves a table name to its schema; it
-/// is asked for `schema.table` (or `db.table`) first and then for the bare table name.
+/// Parses one line of a Debezium JSON stream with the default [`ParseOptions`]; see
+/// [`parse_line_with`].
 pub fn parse_line(
     line: &str,
     pos: &SourcePosition,
     catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
 ) -> Result<Message, DebeziumError> {
+    parse_line_with(line, pos, catalog, &ParseOptions::default())
+}
+
+/// Parses one line of a Debezium JSON stream. `catalog` resolves a table name to its schema; it
+/// is asked for `schema.table` (or `db.table`) first and then for the bare table name.
+pub fn parse_line_with(
+    line: &str,
+    pos: &SourcePosition,
+    catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
+    options: &ParseOptions,
+) -> Result<Message, DebeziumError> {
     if line.trim().is_empty() {
         return Ok(Message::Tombstone { pos: pos.clone() });
     }
+    // serde_json refuses nesting deeper than 128 levels with an error, so no line can overflow
+    // the stack here.
     let json: Json =
         serde_json::from_str(line).map_err(|e| malformed(pos, format!("not JSON: {e}")))?;
-    // The envelope is recognised by its two keys; a bare payload has neither at the top level.
+    // The envelope is recognised by its `payload` key beside at most a `schema` (a heartbeat
+    // may come as `{"payload": {...}}`); a bare payload has no `payload` key.
     let (schema, payload) = match &json {
-        Json::Object(m) if m.contains_key("schema") && m.contains_key("payload") => {
+        Json::Object(m)
+            if m.contains_key("payload") && m.keys().all(|k| k == "schema" || k == "payload") =>
+        {
             (m.get("schema"), &m["payload"])
         }
         _ => (None, &json),
@@ -275,19 +364,31 @@ pub fn parse_line(
     }
     if payload.contains_key("op") {
         let fields = schema.map(field_types).unwrap_or_default();
-        return parse_change(payload, &fields, pos, catalog).map(Message::Change);
+        return parse_change(payload, &fields, pos, catalog, options);
     }
     if payload.contains_key("ddl") || payload.contains_key("tableChanges") {
-        return Err(DebeziumError::Unsupported {
+        return Ok(Message::Skipped {
+            what: Skipped::SchemaChange,
+            txn: None,
             pos: pos.clone(),
-            what: "a schema change event (replay only the data topics; change tables through \
-                   the catalog DDL)"
-                .into(),
+        });
+    }
+    // A heartbeat's value is exactly `{"ts_ms": <integer>}`.
+    if payload.len() == 1
+        && payload
+            .get("ts_ms")
+            .is_some_and(|t| t.is_i64() || t.is_u64())
+    {
+        return Ok(Message::Skipped {
+            what: Skipped::Heartbeat,
+            txn: None,
+            pos: pos.clone(),
         });
     }
     Err(malformed(
         pos,
-        "neither a change event (no `op`) nor transaction metadata (no `status`)",
+        "neither a change event (no `op`), transaction metadata (no `status`), a heartbeat \
+         (only `ts_ms`) nor a schema change (no `ddl`)",
     ))
 }
 
@@ -429,59 +530,21 @@ fn parse_change(
     fields: &HashMap<&str, FieldType<'_>>,
     pos: &SourcePosition,
     catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
-) -> Result<ChangeEvent, DebeziumError> {
+    options: &ParseOptions,
+) -> Result<Message, DebeziumError> {
     let op = payload
         .get("op")
         .and_then(Json::as_str)
         .ok_or_else(|| malformed(pos, "`op` must be a string"))?;
     match op {
-        "c" | "r" | "u" | "d" => {}
-        "t" => {
-            return Err(DebeziumError::Unsupported {
-                pos: pos.clone(),
-                what: "truncate".into(),
-            });
-        }
-        "m" => {
-            return Err(DebeziumError::Unsupported {
-                pos: pos.clone(),
-                what: "a logical decoding message (op \"m\")".into(),
-            });
-        }
+        "c" | "r" | "u" | "d" | "t" | "m" => {}
         other => {
             return Err(malformed(
                 pos,
-                format!("unknown op {other:?}, expected one of c, u, d, r, t"),
+                format!("unknown op {other:?}, expected one of c, u, d, r, t, m"),
             ));
         }
     }
-    let source = payload
-        .get("source")
-        .and_then(Json::as_object)
-        .ok_or_else(|| malformed(pos, "change event without a `source` object"))?;
-    let table_name = source
-        .get("table")
-        .and_then(Json::as_str)
-        .ok_or_else(|| malformed(pos, "change event without `source.table`"))?;
-    let namespace = source
-        .get("schema")
-        .and_then(Json::as_str)
-        .or_else(|| source.get("db").and_then(Json::as_str));
-    let mut tried = Vec::with_capacity(2);
-    if let Some(ns) = namespace {
-        tried.push(format!("{ns}.{table_name}"));
-    }
-    tried.push(table_name.to_owned());
-    let table =
-        tried
-            .iter()
-            .find_map(|name| catalog(name))
-            .ok_or_else(|| DebeziumError::UnknownTable {
-                pos: pos.clone(),
-                tried: tried.clone(),
-            })?;
-    let data_collection = tried.swap_remove(0);
-
     let txn = match payload.get("transaction") {
         None | Some(Json::Null) => None,
         Some(t) => {
@@ -506,11 +569,50 @@ fn parse_change(
             })
         }
     };
+    // A logical decoding message belongs to no table.
+    if op == "m" {
+        return Ok(Message::Skipped {
+            what: Skipped::LogicalMessage,
+            txn,
+            pos: pos.clone(),
+        });
+    }
+    let source = payload
+        .get("source")
+        .and_then(Json::as_object)
+        .ok_or_else(|| malformed(pos, "change event without a `source` object"))?;
+    let table_name = source
+        .get("table")
+        .and_then(Json::as_str)
+        .ok_or_else(|| malformed(pos, "change event without `source.table`"))?;
+    let namespace = source
+        .get("schema")
+        .and_then(Json::as_str)
+        .or_else(|| source.get("db").and_then(Json::as_str));
+    let connector = source
+        .get("connector")
+        .and_then(Json::as_str)
+        .map(str::to_owned);
+    let mut tried = Vec::with_capacity(2);
+    if let Some(ns) = namespace {
+        tried.push(format!("{ns}.{table_name}"));
+    }
+    tried.push(table_name.to_owned());
+    let table =
+        tried
+            .iter()
+            .find_map(|name| catalog(name))
+            .ok_or_else(|| DebeziumError::UnknownTable {
+                pos: pos.clone(),
+                tried: tried.clone(),
+            })?;
+    let data_collection = tried.swap_remove(0);
 
     let rows = Rows {
         table: &table,
         fields,
         pos,
+        options,
     };
     let image = |key: &'static str| -> Result<Option<&Map<String, Json>>, DebeziumError> {
         match payload.get(key) {
@@ -526,8 +628,10 @@ fn parse_change(
         image(key)?.ok_or_else(|| malformed(pos, format!("op {op:?} without the `{key}` image")))
     };
     let change = match op {
-        "c" | "r" => ChangeOp::Insert(rows.convert(required("after")?, Image::After)?),
+        "c" => ChangeOp::Insert(rows.convert(required("after")?, Image::After)?),
+        "r" => ChangeOp::Upsert(rows.convert(required("after")?, Image::After)?),
         "d" => ChangeOp::Delete(rows.convert(required("before")?, Image::Before)?),
+        "t" => ChangeOp::Truncate,
         _ => {
             let after = rows.convert(required("after")?, Image::After)?;
             // With REPLICA IDENTITY DEFAULT, Postgres sends no before image for an update that
@@ -539,14 +643,15 @@ fn parse_change(
             ChangeOp::Update { before, after }
         }
     };
-    Ok(ChangeEvent {
+    Ok(Message::Change(ChangeEvent {
         table,
         data_collection,
         op: change,
         snapshot: op == "r",
         txn,
+        connector,
         pos: pos.clone(),
-    })
+    }))
 }
 
 /// `row`'s primary-key values, every other column null.
@@ -578,6 +683,7 @@ struct Rows<'a> {
     table: &'a TableSchema,
     fields: &'a HashMap<&'a str, FieldType<'a>>,
     pos: &'a SourcePosition,
+    options: &'a ParseOptions,
 }
 
 impl Rows<'_> {
@@ -612,7 +718,7 @@ impl Rows<'_> {
                 .get(col.name.as_str())
                 .copied()
                 .unwrap_or_default();
-            let value = convert(col.ty, json, field).map_err(value_error)?;
+            let value = convert(col, json, field, self.options).map_err(value_error)?;
             // A before image's non-key columns may be null even where the column is NOT NULL
             // (Postgres sends only the key under REPLICA IDENTITY DEFAULT).
             let unchecked = image == Image::Before && !is_key && value == Value::Null;
@@ -657,23 +763,34 @@ fn describe(v: &Json) -> String {
     format!("{kind} {excerpt}{ellipsis}")
 }
 
-/// Converts a non-key-checked JSON value into a value for a column of type `ty`; `field` is
-/// what the envelope schema says about the column (default where there is no envelope).
-fn convert(ty: ColumnType, v: &Json, field: FieldType<'_>) -> Result<Value, String> {
+/// Converts a non-key-checked JSON value into a value for column `col`; `field` is what the
+/// envelope schema says about the column (default where there is no envelope), `options` what
+/// the stream's settings say where there is none.
+fn convert(
+    col: &ColumnDef,
+    v: &Json,
+    field: FieldType<'_>,
+    options: &ParseOptions,
+) -> Result<Value, String> {
     if v.is_null() {
         return Ok(Value::Null);
     }
-    match ty {
+    match col.ty {
         ColumnType::Boolean => to_bool(v).map(Value::Boolean),
         ColumnType::Int32 | ColumnType::Int64 => to_int(v).map(Value::Int),
         ColumnType::Float32 | ColumnType::Float64 => to_float(v).map(Value::Float),
-        ColumnType::Decimal { scale, .. } => to_decimal(v, scale, field).map(Value::Decimal),
+        ColumnType::Decimal { scale, .. } => {
+            to_decimal(v, scale, field, options.decimal_handling).map(Value::Decimal)
+        }
         ColumnType::Utf8 => match v {
             Json::String(s) => Ok(Value::Utf8(s.clone())),
             other => Err(format!("expected a string, got {}", describe(other))),
         },
         ColumnType::Date => to_date(v, field.name).map(Value::Date),
-        ColumnType::Timestamp => to_timestamp(v, field.name).map(Value::Timestamp),
+        ColumnType::Timestamp | ColumnType::TimestampTz => {
+            to_timestamp(v, field.name, col.time_precision).map(Value::Timestamp)
+        }
+        ColumnType::Time => to_time(v, field.name, col.time_precision).map(Value::Time),
     }
 }
 
@@ -720,9 +837,15 @@ fn to_float(v: &Json) -> Result<f64, String> {
 /// `Decimal`, at the envelope's `parameters.scale`), `{"scale", "value"}` (Debezium's
 /// `VariableScaleDecimal`) or a JSON number (decimal.handling.mode=double, read through its
 /// shortest decimal text, so a double that came from a decimal of up to 15 digits is exact).
-/// Without an envelope, a string is read as a literal first and as bytes at the column's scale
-/// if that fails; a string that is both (`"1234"`) is taken as the literal.
-fn to_decimal(v: &Json, scale: i8, field: FieldType<'_>) -> Result<i128, String> {
+/// Which a string is comes from the envelope's schema, or without one from `mode` (the
+/// `decimal_handling` setting), never from its content: `"9999"` is both a literal and the
+/// base64 of -5326.11 at scale 2.
+fn to_decimal(
+    v: &Json,
+    scale: i8,
+    field: FieldType<'_>,
+    mode: DecimalHandling,
+) -> Result<i128, String> {
     match v {
         Json::Number(n) => parse_decimal(&n.to_string(), scale),
         Json::Object(m) => {
@@ -750,14 +873,16 @@ fn to_decimal(v: &Json, scale: i8, field: FieldType<'_>) -> Result<i128, String>
                 };
                 return rescale(decode_unscaled(s)?, from, scale);
             }
-            match field.connect {
-                Some("bytes") => decode_unscaled(s),
-                Some("string") => parse_decimal(s, scale),
-                _ => parse_decimal(s, scale).or_else(|literal_error| {
-                    decode_unscaled(s).map_err(|_| {
-                        format!("{literal_error}, and it is not base64 decimal bytes either")
-                    })
-                }),
+            match (field.connect, mode) {
+                (Some("bytes"), _) | (None, DecimalHandling::Precise) => decode_unscaled(s),
+                (Some("string"), _) | (None, DecimalHandling::String) => parse_decimal(s, scale),
+                (None, DecimalHandling::Double) => Err(format!(
+                    "decimal_handling = \"double\" expects a JSON number, got string {s:?}; \
+                     set decimal_handling to the connector's decimal.handling.mode"
+                )),
+                (Some(other), _) => Err(format!(
+                    "the envelope schema gives type `{other}` for a decimal string {s:?}"
+                )),
             }
         }
         other => Err(format!(
@@ -866,12 +991,29 @@ enum TimeUnit {
     Nanos,
 }
 
+/// The unit of an integer time without a semantic type (no envelope), from its column's
+/// declared fractional-second precision, as Debezium chooses the semantic type: 0-3 digits
+/// are milliseconds (`Timestamp`, `Time`), 4-6 microseconds (`MicroTimestamp`, `MicroTime`),
+/// 7-9 nanoseconds (`NanoTimestamp`, `NanoTime`). Undeclared (`TIMESTAMP`, `TIME`) is 6.
+fn precision_unit(precision: Option<u8>) -> Result<TimeUnit, String> {
+    match precision.unwrap_or(6) {
+        0..=3 => Ok(TimeUnit::Millis),
+        4..=6 => Ok(TimeUnit::Micros),
+        7..=9 => Ok(TimeUnit::Nanos),
+        p => Err(format!(
+            "the column's declared precision {p} is beyond nanoseconds, so an integer time \
+             without the envelope schema has no unit"
+        )),
+    }
+}
+
 /// The unit of an integer date/time with semantic type `name`, and whether it is a time of day
-/// (microseconds since midnight and the like) rather than a point in time. An integer without
-/// a semantic type (no envelope) is taken as microseconds, the unit of a timestamp column.
-fn int_time_unit(name: Option<&str>) -> Result<(TimeUnit, bool), String> {
+/// (microseconds since midnight and the like) rather than a point in time. Without a semantic
+/// type (no envelope) the column's declared `precision` gives the unit ([`precision_unit`]).
+fn int_time_unit(name: Option<&str>, precision: Option<u8>) -> Result<(TimeUnit, bool), String> {
     Ok(match name {
-        None | Some(TIMESTAMP_US) => (TimeUnit::Micros, false),
+        None => (precision_unit(precision)?, false),
+        Some(TIMESTAMP_US) => (TimeUnit::Micros, false),
         Some(TIMESTAMP_MS | CONNECT_TIMESTAMP_MS) => (TimeUnit::Millis, false),
         Some(TIMESTAMP_NS) => (TimeUnit::Nanos, false),
         Some(DATE | CONNECT_DATE) => (TimeUnit::Days, false),
@@ -916,7 +1058,7 @@ fn to_date(v: &Json, name: Option<&str>) -> Result<i32, String> {
                 .as_i64()
                 .ok_or_else(|| format!("expected an integer date, got {n}"))?;
             // Without a semantic type, an integer date is days, as io.debezium.time.Date.
-            let (unit, time_of_day) = int_time_unit(Some(name.unwrap_or(DATE)))?;
+            let (unit, time_of_day) = int_time_unit(Some(name.unwrap_or(DATE)), None)?;
             if time_of_day {
                 return Err(format!(
                     "a time of day ({}) is not a date",
@@ -948,14 +1090,15 @@ fn to_date(v: &Json, name: Option<&str>) -> Result<i32, String> {
 }
 
 /// A timestamp as microseconds since the epoch, UTC: an integer in the unit its semantic type
-/// names (microseconds without one; a time of day is taken on 1970-01-01) or a string.
-fn to_timestamp(v: &Json, name: Option<&str>) -> Result<i64, String> {
+/// names (without one, the unit of the column's declared `precision`; a time of day is taken
+/// on 1970-01-01) or a string.
+fn to_timestamp(v: &Json, name: Option<&str>, precision: Option<u8>) -> Result<i64, String> {
     match v {
         Json::Number(n) => {
             let n = n
                 .as_i64()
                 .ok_or_else(|| format!("expected an integer timestamp, got {n}"))?;
-            let (unit, _) = int_time_unit(name)?;
+            let (unit, _) = int_time_unit(name, precision)?;
             to_micros(n, unit)
         }
         Json::String(s) => parse_timestamp(s),
@@ -964,6 +1107,52 @@ fn to_timestamp(v: &Json, name: Option<&str>) -> Result<i64, String> {
             describe(other)
         )),
     }
+}
+
+/// A time of day as microseconds since midnight: an integer in the unit its semantic type
+/// names (`Time`, `MicroTime`, `NanoTime`; without one, the unit of the column's declared
+/// `precision`) or `HH:MM:SS[.f]` text (`io.debezium.time.ZonedTime` with its `Z`). Postgres'
+/// `24:00:00` is the end of the day; anything outside [0, 24:00:00] is an error (MySQL TIME
+/// holds durations beyond a day: declare such a column `bigint`).
+fn to_time(v: &Json, name: Option<&str>, precision: Option<u8>) -> Result<i64, String> {
+    let micros = match v {
+        Json::Number(n) => {
+            let n = n
+                .as_i64()
+                .ok_or_else(|| format!("expected an integer time of day, got {n}"))?;
+            let (unit, time_of_day) = int_time_unit(name, precision)?;
+            if name.is_some() && !time_of_day {
+                return Err(format!(
+                    "a value of semantic type `{}` is not a time of day",
+                    name.unwrap_or_default()
+                ));
+            }
+            to_micros(n, unit)?
+        }
+        Json::String(s) => {
+            let text = s.strip_suffix('Z').unwrap_or(s);
+            let end_of_day = text == "24:00:00"
+                || (text.starts_with("24:00:00.") && text[9..].bytes().all(|b| b == b'0'));
+            if end_of_day {
+                MICROS_PER_DAY
+            } else {
+                let t = NaiveTime::parse_from_str(text, "%H:%M:%S%.f")
+                    .map_err(|e| format!("{s:?} is not a HH:MM:SS[.f] time of day: {e}"))?;
+                i64::from(t.num_seconds_from_midnight()) * 1_000_000
+                    + i64::from(t.nanosecond() / 1000)
+            }
+        }
+        other => {
+            return Err(format!(
+                "expected a time of day (integer or HH:MM:SS), got {}",
+                describe(other)
+            ));
+        }
+    };
+    if !(0..=MICROS_PER_DAY).contains(&micros) {
+        return Err(format!("{micros} microseconds is not a time of day"));
+    }
+    Ok(micros)
 }
 
 /// Parses `io.debezium.time.ZonedTimestamp` text (RFC 3339, `Z` or an offset) and plain
@@ -1014,9 +1203,13 @@ pub enum TxnMode {
 
 #[derive(Debug)]
 struct OpenTxn {
+    /// The id as its BEGIN wrote it (with Postgres, `txId:LSN` at the BEGIN).
     id: String,
     begin: SourcePosition,
     events: Vec<ChangeEvent>,
+    /// Transactional logical decoding messages skipped inside it; Debezium counts them among
+    /// the transaction's events.
+    messages: u64,
 }
 
 /// Reassembles source transactions from parsed messages, checks them against END's counts, and
@@ -1025,10 +1218,17 @@ struct OpenTxn {
 /// Snapshot reads (`op` `r`) carry no transaction block even with metadata on; outside a
 /// transaction each one is a transaction of its own, identified by its position, as in
 /// [`TxnMode::NoMetadata`].
+///
+/// Transaction ids are matched as the connector defines them ([`same_transaction`]): BEGIN
+/// and END carry no `source`, so the connector is the one the last change event named.
 #[derive(Debug)]
 pub struct TxnAssembler {
     mode: TxnMode,
     open: Option<OpenTxn>,
+    /// `source.connector` of the last change event.
+    connector: Option<String>,
+    /// Open transactions restarted by a repeated BEGIN.
+    restarts: u64,
     /// Ids of the most recently applied transactions, as a set and in applied order (to evict
     /// the oldest beyond [`APPLIED_IDS_REMEMBERED`]).
     applied: HashSet<Arc<str>>,
@@ -1042,6 +1242,8 @@ impl TxnAssembler {
         TxnAssembler {
             mode,
             open: None,
+            connector: None,
+            restarts: 0,
             applied: HashSet::new(),
             applied_order: VecDeque::new(),
             last_applied: None,
@@ -1058,6 +1260,17 @@ impl TxnAssembler {
     pub fn push(&mut self, msg: Message) -> Result<Option<Transaction>, DebeziumError> {
         match (self.mode, msg) {
             (_, Message::Tombstone { .. }) => Ok(None),
+            (TxnMode::NoMetadata, Message::Skipped { .. }) => Ok(None),
+            (TxnMode::Metadata, Message::Skipped { txn, .. }) => {
+                // Counted toward the open transaction's END when it belongs to it; a message
+                // outside any transaction stands alone.
+                if let (Some(open), Some(t)) = (self.open.as_mut(), txn)
+                    && same_transaction(&open.id, &t.id, self.connector.as_deref())
+                {
+                    open.messages += 1;
+                }
+                Ok(None)
+            }
             (TxnMode::NoMetadata, Message::Begin { id, pos } | Message::End { id, pos, .. }) => {
                 Err(DebeziumError::Transaction {
                     pos,
@@ -1092,10 +1305,27 @@ impl TxnAssembler {
         self.open.as_ref().map(|t| t.id.as_str())
     }
 
+    /// Where the open transaction's (latest) BEGIN is, if one is open.
+    pub fn open_begin(&self) -> Option<&SourcePosition> {
+        self.open.as_ref().map(|t| &t.begin)
+    }
+
+    /// Whether ids `a` and `b` name the same transaction, for the connector of the stream so
+    /// far ([`same_transaction`]).
+    pub fn same_transaction(&self, a: &str, b: &str) -> bool {
+        same_transaction(a, b, self.connector.as_deref())
+    }
+
+    /// How many open transactions a repeated BEGIN restarted.
+    pub fn restarts(&self) -> u64 {
+        self.restarts
+    }
+
     /// Records that transaction `id`, ending at `end`, is durably applied: a later transaction
     /// with the same id is dropped as a duplicate. The assembler never calls this itself.
     pub fn mark_applied(&mut self, id: &str, end: &SourcePosition) {
-        self.remember(id);
+        let key = self.applied_key(id).to_owned();
+        self.remember(&key);
         self.last_applied = Some((id.to_owned(), end.clone()));
     }
 
@@ -1110,11 +1340,23 @@ impl TxnAssembler {
             .collect()
     }
 
-    /// Remembers `ids` (oldest first) as applied, as after a restart from a checkpoint that
-    /// recorded them: a later transaction with one of these ids is a duplicate.
+    /// Remembers `ids` (oldest first; as [`TxnAssembler::recent_applied`] gave them) as
+    /// applied, as after a restart from a checkpoint that recorded them: a later transaction
+    /// with one of these ids is a duplicate.
     pub fn remember_applied<'a>(&mut self, ids: impl IntoIterator<Item = &'a str>) {
         for id in ids {
             self.remember(id);
+        }
+    }
+
+    /// What identifies transaction `id` among applied ones: the id as the connector compares
+    /// it ([`same_transaction`]), so Postgres's `txId` part alone; its LSN part may differ
+    /// when the connector redelivers after its own restart.
+    fn applied_key<'a>(&self, id: &'a str) -> &'a str {
+        if self.connector.as_deref() == Some(POSTGRES_CONNECTOR) {
+            postgres_txid(id)
+        } else {
+            id
         }
     }
 
@@ -1146,7 +1388,7 @@ impl TxnAssembler {
 
     /// `txn`, unless it was already applied.
     fn emit(&mut self, txn: Transaction) -> Option<Transaction> {
-        if self.applied.contains(txn.id.as_str()) {
+        if self.applied.contains(self.applied_key(&txn.id)) {
             self.duplicates_skipped += 1;
             return None;
         }
@@ -1172,9 +1414,22 @@ impl TxnAssembler {
             id: id.clone(),
             begin: pos.clone(),
             events: Vec::new(),
+            messages: 0,
         });
         match previous {
             None => Ok(None),
+            // The source delivers the open transaction again from its BEGIN (a redelivery after
+            // a partial one): the events so far are dropped and the transaction starts over.
+            Some(old) if self.same_transaction(&old.id, &id) => {
+                self.restarts += 1;
+                tracing::warn!(
+                    "{pos}: transaction `{id}` begins again while open since {} with {} events; \
+                     restarting it from this BEGIN",
+                    old.begin,
+                    old.events.len()
+                );
+                Ok(None)
+            }
             // The new transaction stays open: only the one whose END went missing is broken.
             Some(old) => Err(DebeziumError::Transaction {
                 pos,
@@ -1189,6 +1444,9 @@ impl TxnAssembler {
     }
 
     fn on_change(&mut self, ev: ChangeEvent) -> Result<Option<Transaction>, DebeziumError> {
+        if ev.connector.is_some() {
+            self.connector.clone_from(&ev.connector);
+        }
         let Some(open) = self.open.as_mut() else {
             return match &ev.txn {
                 Some(t) => Err(DebeziumError::Transaction {
@@ -1205,7 +1463,7 @@ impl TxnAssembler {
             };
         };
         match &ev.txn {
-            Some(t) if t.id == open.id => {
+            Some(t) if same_transaction(&t.id, &open.id, ev.connector.as_deref()) => {
                 open.events.push(ev);
                 Ok(None)
             }
@@ -1250,7 +1508,7 @@ impl TxnAssembler {
                 reason: "END without a BEGIN; start the replay at a BEGIN".into(),
             });
         };
-        if open.id != id {
+        if !self.same_transaction(&open.id, &id) {
             return Err(DebeziumError::Transaction {
                 pos,
                 id,
@@ -1268,18 +1526,27 @@ impl TxnAssembler {
                 expected,
                 got: got as u64,
             };
-        if open.events.len() as u64 != event_count {
-            return Err(mismatch(None, event_count, open.events.len()));
+        let got = open.events.len() + open.messages as usize;
+        if got as u64 != event_count {
+            return Err(mismatch(None, event_count, got));
         }
+        // Logical decoding messages are on a collection of their own that no table event
+        // matches: the counts of such collections add up to the messages.
+        let mut message_counts = 0;
         for (name, expected) in data_collections {
             let got = open
                 .events
                 .iter()
                 .filter(|e| collection_matches(name, &e.data_collection))
                 .count();
-            if got as u64 != *expected {
+            if got == 0 && open.messages > 0 {
+                message_counts += *expected;
+            } else if got as u64 != *expected {
                 return Err(mismatch(Some(name), *expected, got));
             }
+        }
+        if open.messages > 0 && !data_collections.is_empty() && message_counts != open.messages {
+            return Err(mismatch(None, message_counts, open.messages as usize));
         }
         if !data_collections.is_empty()
             && let Some(stray) = open.events.iter().find(|e| {
@@ -1470,8 +1737,9 @@ mod tests {
         );
         assert_eq!(ev.pos, at(1));
 
+        // A snapshot read is an upsert: Debezium re-sends reads of rows it already sent.
         let ev = change(&event("r", Json::Null, row.clone(), None).to_string());
-        assert_eq!(ev.op, ChangeOp::Insert(order_row(1, 2, Some(350))));
+        assert_eq!(ev.op, ChangeOp::Upsert(order_row(1, 2, Some(350))));
         assert!(ev.snapshot);
         assert_eq!(ev.txn, None);
 
@@ -1518,10 +1786,10 @@ mod tests {
             Value::Date(19783),
         ];
         let fields = orders_fields();
-        for op in ["c", "r"] {
-            let line = envelope(event(op, Json::Null, row.clone(), None), fields.clone());
-            assert_eq!(change(&line).op, ChangeOp::Insert(expected.clone()));
-        }
+        let line = envelope(event("c", Json::Null, row.clone(), None), fields.clone());
+        assert_eq!(change(&line).op, ChangeOp::Insert(expected.clone()));
+        let line = envelope(event("r", Json::Null, row.clone(), None), fields.clone());
+        assert_eq!(change(&line).op, ChangeOp::Upsert(expected.clone()));
         let after = json!({"id": 1, "qty": 3, "price": "z8c=", "created": null, "day": -1});
         let line = envelope(event("u", row.clone(), after, None), fields.clone());
         let ChangeOp::Update { before, after } = change(&line).op else {
@@ -1533,10 +1801,9 @@ mod tests {
         let line = envelope(event("d", row, Json::Null, None), fields.clone());
         assert_eq!(change(&line).op, ChangeOp::Delete(expected));
         let line = envelope(event("t", Json::Null, Json::Null, None), fields);
-        assert!(matches!(
-            parse(&line, 3),
-            Err(DebeziumError::Unsupported { .. })
-        ));
+        assert_eq!(change(&line).op, ChangeOp::Truncate);
+        let op: RowOp<Vec<Value>> = change(&line).op.into();
+        assert_eq!(op, RowOp::Truncate);
     }
 
     #[test]
@@ -1734,14 +2001,13 @@ mod tests {
             );
             assert!(text.contains(reason), "{line}: {text}");
         }
-        let e = parse(r#"{"op": "t", "source": {"table": "orders"}}"#, 17).unwrap_err();
-        assert_eq!(e.to_string(), "events.json:17: truncate is not supported");
-        let e = parse(
-            r#"{"ddl": "CREATE TABLE x (a int)", "tableChanges": []}"#,
-            2,
-        )
-        .unwrap_err();
-        assert!(matches!(e, DebeziumError::Unsupported { .. }));
+        // A truncate names its table like any change.
+        let e = parse(r#"{"op": "t", "source": {"table": "ghosts"}}"#, 17).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("events.json:17: unknown table (tried `ghosts`)"),
+            "{e}"
+        );
         // Tombstones carry nothing.
         for line in ["null", "", "  ", r#"{"schema": null, "payload": null}"#] {
             assert!(
@@ -1801,6 +2067,16 @@ mod tests {
         }
     }
 
+    /// [`convert`] into a nullable column of type `ty` with no declared precision.
+    fn conv(ty: ColumnType, v: &Json, field: FieldType<'_>) -> Result<Value, String> {
+        convert(
+            &ColumnDef::new("c", ty, true),
+            v,
+            field,
+            &ParseOptions::default(),
+        )
+    }
+
     #[test]
     fn booleans_integers_floats() {
         assert_eq!(to_bool(&json!(true)), Ok(true));
@@ -1822,11 +2098,11 @@ mod tests {
         assert_eq!(to_float(&json!("-Infinity")), Ok(f64::NEG_INFINITY));
         assert!(to_float(&json!("1.5")).is_err());
         assert_eq!(
-            convert(ColumnType::Utf8, &json!("héllo"), no_field()),
+            conv(ColumnType::Utf8, &json!("héllo"), no_field()),
             Ok(Value::Utf8("héllo".into()))
         );
         assert_eq!(
-            convert(ColumnType::Int32, &Json::Null, no_field()),
+            conv(ColumnType::Int32, &Json::Null, no_field()),
             Ok(Value::Null)
         );
     }
@@ -1895,7 +2171,7 @@ mod tests {
                 name: Some(CONNECT_DECIMAL),
                 scale: Some(scale),
             };
-            to_decimal(&json!("MDk="), 2, f)
+            to_decimal(&json!("MDk="), 2, f, DecimalHandling::String)
         };
         assert_eq!(decimal(&scale_1), Ok(123450));
         assert!(
@@ -1908,35 +2184,77 @@ mod tests {
         assert!(decimal(&json!(i64::MIN)).is_err());
 
         // decimal.handling.mode=double: through the number's decimal text.
-        assert_eq!(to_decimal(&json!(123.45), 2, no_field()), Ok(12345));
-        assert_eq!(to_decimal(&json!(-0.1), 3, no_field()), Ok(-100));
-        assert_eq!(to_decimal(&json!(42), 2, no_field()), Ok(4200));
-        assert!(to_decimal(&json!(0.1 + 0.2), 2, no_field()).is_err());
+        assert_eq!(
+            to_decimal(&json!(123.45), 2, no_field(), DecimalHandling::Double),
+            Ok(12345)
+        );
+        assert_eq!(
+            to_decimal(&json!(-0.1), 3, no_field(), DecimalHandling::Double),
+            Ok(-100)
+        );
+        assert_eq!(
+            to_decimal(&json!(42), 2, no_field(), DecimalHandling::Double),
+            Ok(4200)
+        );
+        assert!(to_decimal(&json!(0.1 + 0.2), 2, no_field(), DecimalHandling::Double).is_err());
         // decimal.handling.mode=string.
-        assert_eq!(to_decimal(&json!("-0.5"), 2, no_field()), Ok(-50));
-        // No envelope: a string that is no literal is read as bytes at the column's scale.
-        assert_eq!(to_decimal(&json!("z8c="), 2, no_field()), Ok(-12345));
-        let e = to_decimal(&json!("1.2.3"), 2, no_field()).unwrap_err();
-        assert!(e.contains("not base64 decimal bytes either"), "{e}");
+        let string_mode = DecimalHandling::String;
+        assert_eq!(
+            to_decimal(&json!("-0.5"), 2, no_field(), string_mode),
+            Ok(-50)
+        );
+        // decimal.handling.mode=precise: bytes at the column's scale.
+        let precise = DecimalHandling::Precise;
+        assert_eq!(
+            to_decimal(&json!("z8c="), 2, no_field(), precise),
+            Ok(-12345)
+        );
+        let e = to_decimal(&json!("1.2.3"), 2, no_field(), string_mode).unwrap_err();
+        assert!(e.contains("is not a decimal number"), "{e}");
+        assert!(to_decimal(&json!("1.2.3"), 2, no_field(), precise).is_err());
         // An envelope that says `string` never reads bytes; one that says `bytes` always does.
         let string = FieldType {
             connect: Some("string"),
             ..FieldType::default()
         };
-        assert!(to_decimal(&json!("z8c="), 2, string).is_err());
+        assert!(to_decimal(&json!("z8c="), 2, string, precise).is_err());
         let bytes = FieldType {
             connect: Some("bytes"),
             ..FieldType::default()
         };
-        assert_eq!(to_decimal(&json!("MTI="), 2, bytes), Ok(0x3132));
-        // io.debezium.data.VariableScaleDecimal.
-        assert!(to_decimal(&json!({"scale": 3, "value": "MDk="}), 2, no_field()).is_err());
         assert_eq!(
-            to_decimal(&json!({"scale": 1, "value": "MDk="}), 2, no_field()),
+            to_decimal(&json!("MTI="), 2, bytes, string_mode),
+            Ok(0x3132)
+        );
+        // io.debezium.data.VariableScaleDecimal.
+        assert!(
+            to_decimal(
+                &json!({"scale": 3, "value": "MDk="}),
+                2,
+                no_field(),
+                DecimalHandling::Double
+            )
+            .is_err()
+        );
+        assert_eq!(
+            to_decimal(
+                &json!({"scale": 1, "value": "MDk="}),
+                2,
+                no_field(),
+                DecimalHandling::Double
+            ),
             Ok(123450)
         );
-        assert!(to_decimal(&json!({"value": "MDk="}), 2, no_field()).is_err());
-        assert!(to_decimal(&json!(true), 2, no_field()).is_err());
+        assert!(
+            to_decimal(
+                &json!({"value": "MDk="}),
+                2,
+                no_field(),
+                DecimalHandling::Double
+            )
+            .is_err()
+        );
+        assert!(to_decimal(&json!(true), 2, no_field(), DecimalHandling::Double).is_err());
         assert_eq!(rescale(-1230, 3, 2), Ok(-123));
         assert!(rescale(i128::MAX, 0, 2).is_err());
         assert_eq!(rescale(0, 60, 2), Ok(0));
@@ -1944,7 +2262,7 @@ mod tests {
 
     #[test]
     fn integer_times() {
-        let ts = |v: i64, name: Option<&'static str>| to_timestamp(&json!(v), name);
+        let ts = |v: i64, name: Option<&'static str>| to_timestamp(&json!(v), name, None);
         assert_eq!(
             ts(1_700_000_000_123, Some(TIMESTAMP_MS)),
             Ok(1_700_000_000_123_000)
@@ -1975,15 +2293,15 @@ mod tests {
         assert_eq!(ts(45_296_000_000_123, Some(TIME_NS)), Ok(45_296_000_000));
         assert_eq!(ts(2, Some(DATE)), Ok(2 * MICROS_PER_DAY));
         assert!(ts(1, Some("io.debezium.time.Year")).is_err());
-        assert!(to_timestamp(&json!(1.5), None).is_err());
-        assert!(to_timestamp(&json!(true), None).is_err());
+        assert!(to_timestamp(&json!(1.5), None, None).is_err());
+        assert!(to_timestamp(&json!(true), None, None).is_err());
         // Into an integer column a time of day stays as is.
         assert_eq!(
-            convert(ColumnType::Int64, &json!(45_296_000_000i64), named(TIME_US)),
+            conv(ColumnType::Int64, &json!(45_296_000_000i64), named(TIME_US)),
             Ok(Value::Int(45_296_000_000))
         );
         assert_eq!(
-            convert(
+            conv(
                 ColumnType::Timestamp,
                 &json!(45_296_000_000i64),
                 named(TIME_US)
@@ -2043,7 +2361,7 @@ mod tests {
             assert!(e.contains("is not a timestamp"), "{bad}: {e}");
         }
         assert_eq!(
-            convert(
+            conv(
                 ColumnType::Timestamp,
                 &json!("2024-03-01T12:34:56Z"),
                 named("io.debezium.time.ZonedTimestamp")
@@ -2320,5 +2638,606 @@ mod tests {
         asm.mark_applied(&txn.id, &txn.end);
         assert!(asm.push(insert(None, 0, 1, 4)).unwrap().is_none());
         assert_eq!(asm.duplicates_skipped(), 1);
+    }
+
+    // --- hardening: redeliveries, Postgres ids, reads, times, decimals, skipped lines ---
+
+    #[test]
+    fn a_repeated_begin_restarts_the_open_transaction() {
+        // BEGIN t1, e1, BEGIN t1, e1, e2, END t1: the partial delivery is replaced by the full
+        // one instead of breaking the transaction.
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        asm.push(begin("t1", 1)).unwrap();
+        asm.push(insert(Some("t1"), 1, 1, 2)).unwrap();
+        assert!(asm.push(begin("t1", 3)).unwrap().is_none());
+        assert_eq!(asm.restarts(), 1);
+        assert_eq!(asm.open_begin(), Some(&at(3)));
+        asm.push(insert(Some("t1"), 1, 1, 4)).unwrap();
+        asm.push(insert(Some("t1"), 2, 2, 5)).unwrap();
+        let txn = asm
+            .push(end("t1", 2, &[("public.orders", 2)], 6))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ids(&txn), [1, 2]);
+        assert_eq!((txn.begin, txn.end), (at(3), at(6)));
+    }
+
+    /// A Postgres change event as Debezium 2.x writes it: `txId:LSN` ids whose LSN part is the
+    /// last LSN seen when the event was written.
+    fn pg_insert(txn_id: &str, total_order: u64, id: i64, line: u64) -> Message {
+        let text = json!({
+            "before": null,
+            "after": {"id": id, "qty": 1, "price": "1.00", "note": null, "created": null, "day": null},
+            "source": {
+                "version": "2.5.0.Final", "connector": "postgresql", "name": "shop",
+                "ts_ms": 1_700_000_000_000u64, "snapshot": "false", "db": "shop",
+                "sequence": "[\"53195776\",\"53195840\"]", "schema": "public", "table": "orders",
+                "txId": 571, "lsn": 53195840, "xmin": null
+            },
+            "op": "c",
+            "ts_ms": 1_700_000_000_123u64,
+            "transaction": {"id": txn_id, "total_order": total_order, "data_collection_order": total_order}
+        })
+        .to_string();
+        parse(&text, line).unwrap()
+    }
+
+    #[test]
+    fn postgres_transaction_ids_match_by_their_txid() {
+        let begin_line = r#"{"status":"BEGIN","id":"571:53195832","ts_ms":1700000000100,"event_count":null,"data_collections":null}"#;
+        let end_line = r#"{"status":"END","id":"571:53196048","ts_ms":1700000000200,"event_count":2,"data_collections":[{"data_collection":"public.orders","event_count":2}]}"#;
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        asm.push(parse(begin_line, 1).unwrap()).unwrap();
+        asm.push(pg_insert("571:53195840", 1, 1, 2)).unwrap();
+        asm.push(pg_insert("571:53195992", 2, 2, 3)).unwrap();
+        let txn = asm.push(parse(end_line, 4).unwrap()).unwrap().unwrap();
+        assert_eq!(ids(&txn), [1, 2]);
+        assert_eq!(txn.id, "571:53196048", "the full id stays available");
+        assert_eq!(txn.events[0].txn.as_ref().unwrap().id, "571:53195840");
+
+        // Another txId is another transaction, whatever the LSN.
+        asm.push(parse(&begin_line.replace("571:", "572:"), 5).unwrap())
+            .unwrap();
+        let e = asm.push(pg_insert("573:53195840", 1, 3, 6)).unwrap_err();
+        assert!(
+            e.to_string().contains("inside transaction `572:53195832`"),
+            "{e}"
+        );
+        assert_eq!(e.position(), &at(6));
+
+        // Only Postgres ids compare by their first part: MySQL GTIDs share the server uuid.
+        let gtid = |n: u32| format!("3e11fa47-71ca-11e1-9e33-c80aa9429562:{n}");
+        assert!(!same_transaction(&gtid(23), &gtid(24), Some("mysql")));
+        assert!(!same_transaction("571:1", "571:2", Some("mysql")));
+        assert!(!same_transaction(
+            "571:1",
+            "572:1",
+            Some(POSTGRES_CONNECTOR)
+        ));
+        assert!(same_transaction("571", "571:9", Some(POSTGRES_CONNECTOR)));
+    }
+
+    #[test]
+    fn postgres_redelivery_restarts_by_txid() {
+        // A redelivered BEGIN carries the same txId (its LSN may differ).
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        asm.push(parse(r#"{"status":"BEGIN","id":"571:100"}"#, 1).unwrap())
+            .unwrap();
+        asm.push(pg_insert("571:120", 1, 1, 2)).unwrap();
+        assert!(
+            asm.push(parse(r#"{"status":"BEGIN","id":"571:100"}"#, 3).unwrap())
+                .unwrap()
+                .is_none()
+        );
+        assert_eq!(asm.restarts(), 1);
+        asm.push(pg_insert("571:120", 1, 1, 4)).unwrap();
+        let end = r#"{"status":"END","id":"571:140","event_count":1}"#;
+        assert!(asm.push(parse(end, 5).unwrap()).unwrap().is_some());
+    }
+
+    #[test]
+    fn postgres_duplicates_are_recognised_by_txid_across_a_restart() {
+        let deliver = |asm: &mut TxnAssembler, end_lsn: u64, line: u64| {
+            asm.push(parse(r#"{"status":"BEGIN","id":"571:100"}"#, line).unwrap())
+                .unwrap();
+            asm.push(pg_insert("571:120", 1, 1, line + 1)).unwrap();
+            let end = format!(r#"{{"status":"END","id":"571:{end_lsn}","event_count":1}}"#);
+            asm.push(parse(&end, line + 2).unwrap()).unwrap()
+        };
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        let txn = deliver(&mut asm, 140, 1).unwrap();
+        asm.mark_applied(&txn.id, &txn.end);
+        let recorded = asm.recent_applied(8);
+        assert_eq!(recorded, ["571"], "what a checkpoint records");
+
+        // After a restart, the connector redelivers the transaction with other LSN parts.
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        asm.remember_applied(recorded.iter().map(String::as_str));
+        assert!(deliver(&mut asm, 160, 4).is_none());
+        assert_eq!(asm.duplicates_skipped(), 1);
+    }
+
+    /// A table with every time column kind, with and without declared precisions.
+    fn times() -> Arc<TableSchema> {
+        TableSchema::new(
+            "times",
+            vec![
+                ColumnDef::new("id", ColumnType::Int64, false),
+                ColumnDef::new("plain", ColumnType::Timestamp, true),
+                ColumnDef::new("ms", ColumnType::Timestamp, true).with_time_precision(3),
+                ColumnDef::new("us", ColumnType::Timestamp, true).with_time_precision(6),
+                ColumnDef::new("ns", ColumnType::Timestamp, true).with_time_precision(9),
+                ColumnDef::new("tz", ColumnType::TimestampTz, true),
+                ColumnDef::new("t_ms", ColumnType::Time, true).with_time_precision(3),
+                ColumnDef::new("t", ColumnType::Time, true),
+            ],
+            &["id"],
+        )
+        .unwrap()
+    }
+
+    fn times_line(after: Json) -> String {
+        json!({"op": "c", "after": after, "source": {"connector": "mysql", "db": "x", "table": "times"}})
+            .to_string()
+    }
+
+    #[test]
+    fn integer_times_without_a_schema_follow_the_declared_precision() {
+        let catalog = |name: &str| (name == "times").then(times);
+        let micros = 1_709_296_496_123_000i64; // 2024-03-01T12:34:56.123Z
+        let line = times_line(json!({
+            "id": 1,
+            "plain": micros,
+            "ms": micros / 1000,
+            "us": micros,
+            "ns": micros * 1000 + 999,
+            "tz": "2024-03-01T14:34:56.123+02:00",
+            "t_ms": 45_296_123,
+            "t": "12:34:56.123456",
+        }));
+        let Message::Change(ev) = parse_line(&line, &at(3), &catalog).unwrap() else {
+            panic!("a change")
+        };
+        assert_eq!(
+            ev.op,
+            ChangeOp::Insert(vec![
+                Value::Int(1),
+                Value::Timestamp(micros),
+                Value::Timestamp(micros),
+                Value::Timestamp(micros),
+                Value::Timestamp(micros),
+                Value::Timestamp(micros),
+                Value::Time(45_296_123_000),
+                Value::Time(45_296_123_456),
+            ])
+        );
+        // With the envelope the semantic type decides, whatever the declared precision.
+        let fields = json!([
+            {"type": "int64", "field": "id"},
+            {"type": "int64", "name": TIMESTAMP_NS, "field": "ms"},
+            {"type": "int64", "name": TIME_US, "field": "t_ms"}
+        ]);
+        let payload = json!({
+            "op": "c",
+            "after": {"id": 1, "ms": micros * 1000, "t_ms": 45_296_000_001i64},
+            "source": {"connector": "mysql", "db": "x", "table": "times"},
+        });
+        let line = envelope(payload, fields);
+        let Message::Change(ev) = parse_line(&line, &at(4), &catalog).unwrap() else {
+            panic!("a change")
+        };
+        let ChangeOp::Insert(row) = ev.op else {
+            panic!("an insert")
+        };
+        assert_eq!(
+            (&row[2], &row[6]),
+            (&Value::Timestamp(micros), &Value::Time(45_296_000_001))
+        );
+        // What cannot be read unambiguously is an error naming the line and column.
+        for (after, column) in [
+            (json!({"id": 1, "t": 86_400_000_001i64}), "t"),
+            (json!({"id": 1, "t": "25:00:00"}), "t"),
+            (json!({"id": 1, "tz": 1.5}), "tz"),
+        ] {
+            let e = parse_line(&times_line(after), &at(9), &catalog).unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with(&format!("events.json:9: table `times`, column `{column}`:")),
+                "{e}"
+            );
+        }
+        let fields = json!([{"type": "int64", "name": TIMESTAMP_MS, "field": "t"}]);
+        let payload = json!({"op": "c", "after": {"id": 1, "t": 5}, "source": {"table": "times"}});
+        let e = parse_line(&envelope(payload, fields), &at(10), &catalog).unwrap_err();
+        assert!(e.to_string().contains("is not a time of day"), "{e}");
+        assert!(precision_unit(Some(12)).is_err());
+    }
+
+    #[test]
+    fn decimal_strings_follow_decimal_handling() {
+        // "9999" is a literal and also base64 (0xf7df7d = -532611): the setting decides.
+        let line = event(
+            "c",
+            Json::Null,
+            json!({"id": 1, "qty": 1, "price": "9999"}),
+            None,
+        )
+        .to_string();
+        let price = |mode: DecimalHandling| {
+            let options = ParseOptions {
+                decimal_handling: mode,
+            };
+            parse_line_with(&line, &at(2), &catalog, &options).map(|m| match m {
+                Message::Change(ChangeEvent {
+                    op: ChangeOp::Insert(row),
+                    ..
+                }) => row[2].clone(),
+                other => panic!("{other:?}"),
+            })
+        };
+        assert_eq!(
+            price(DecimalHandling::Precise).unwrap(),
+            Value::Decimal(-532_611)
+        );
+        assert_eq!(
+            price(DecimalHandling::String).unwrap(),
+            Value::Decimal(999_900)
+        );
+        let e = price(DecimalHandling::Double).unwrap_err().to_string();
+        assert!(
+            e.starts_with("events.json:2: table `public.orders`, column `price`:")
+                && e.contains("decimal_handling"),
+            "{e}"
+        );
+        // With the envelope the schema decides, whatever the setting.
+        let fields = json!([{"type": "bytes", "name": CONNECT_DECIMAL, "parameters": {"scale": "2"}, "field": "price"}]);
+        let row = json!({"id": 1, "qty": 1, "price": "9999"});
+        let line = envelope(event("c", Json::Null, row, None), fields);
+        let options = ParseOptions {
+            decimal_handling: DecimalHandling::String,
+        };
+        let Message::Change(ev) = parse_line_with(&line, &at(3), &catalog, &options).unwrap()
+        else {
+            panic!("a change")
+        };
+        assert_eq!(ev.op, ChangeOp::Insert(order_row(1, 1, Some(-532_611))));
+    }
+
+    #[test]
+    fn lines_without_a_row_change_are_skipped() {
+        let skipped = |line: &str| match parse(line, 5) {
+            Ok(Message::Skipped { what, pos, .. }) => {
+                assert_eq!(pos, at(5));
+                Some(what)
+            }
+            _ => None,
+        };
+        for heartbeat in [
+            r#"{"ts_ms":1700000000000}"#,
+            r#"{"payload":{"ts_ms":1700000000000}}"#,
+            r#"{"schema":{"type":"struct","name":"io.debezium.connector.common.Heartbeat","fields":[{"type":"int64","field":"ts_ms"}]},"payload":{"ts_ms":1700000000000}}"#,
+        ] {
+            assert_eq!(skipped(heartbeat), Some(Skipped::Heartbeat), "{heartbeat}");
+        }
+        let ddl = json!({
+            "source": {"connector": "mysql", "db": "shop", "table": "orders"},
+            "databaseName": "shop", "ddl": "ALTER TABLE orders ADD COLUMN x INT",
+            "tableChanges": [{"type": "ALTER", "id": "\"shop\".\"orders\""}]
+        });
+        assert_eq!(skipped(&ddl.to_string()), Some(Skipped::SchemaChange));
+        let message = json!({
+            "op": "m", "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "shop", "schema": "", "table": ""},
+            "message": {"prefix": "audit", "content": "aGk="}
+        });
+        assert_eq!(skipped(&message.to_string()), Some(Skipped::LogicalMessage));
+        // Not Debezium: still errors with the position.
+        for bad in [
+            r#"{"ts_ms":"soon"}"#,
+            r#"{"ts_ms":1,"other":2}"#,
+            r#"{"payload":{"ts_ms":1},"extra":1}"#,
+            r#"{"op":"m"}"#,
+        ] {
+            let e = parse(bad, 6);
+            if bad == r#"{"op":"m"}"# {
+                // A logical message needs nothing else.
+                assert!(matches!(e, Ok(Message::Skipped { .. })), "{bad}");
+                continue;
+            }
+            let e = e.unwrap_err();
+            assert_eq!(e.position(), &at(6), "{bad}");
+        }
+    }
+
+    #[test]
+    fn truncates_and_logical_messages_inside_transactions() {
+        let mut asm = TxnAssembler::new(TxnMode::Metadata);
+        asm.push(begin("t1", 1)).unwrap();
+        let truncate = json!({
+            "op": "t", "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "shop", "schema": "public", "table": "orders"},
+            "transaction": {"id": "t1", "total_order": 1, "data_collection_order": 1}
+        });
+        let msg = parse(&truncate.to_string(), 2).unwrap();
+        assert!(matches!(&msg, Message::Change(ev) if ev.op == ChangeOp::Truncate));
+        asm.push(msg).unwrap();
+        let message = json!({
+            "op": "m", "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "shop", "schema": "", "table": ""},
+            "message": {"prefix": "audit", "content": "aGk="},
+            "transaction": {"id": "t1", "total_order": 2, "data_collection_order": 1}
+        });
+        asm.push(parse(&message.to_string(), 3).unwrap()).unwrap();
+        asm.push(insert(Some("t1"), 3, 7, 4)).unwrap();
+        // Debezium counts the message among the transaction's events, on a collection of its own.
+        let txn = asm
+            .push(end("t1", 3, &[("public.orders", 2), ("audit", 1)], 5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(txn.events.len(), 2);
+        assert_eq!(txn.events[0].op, ChangeOp::Truncate);
+        // Heartbeats between BEGIN and END change nothing.
+        asm.push(begin("t2", 6)).unwrap();
+        asm.push(parse(r#"{"ts_ms":5}"#, 7).unwrap()).unwrap();
+        asm.push(insert(Some("t2"), 1, 8, 8)).unwrap();
+        assert!(asm.push(end("t2", 1, &[], 9)).unwrap().is_some());
+    }
+
+    // --- property tests: random and mutated lines ---
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Well-formed lines of a few transactions (some Postgres `txId:LSN`), in order.
+        fn good_lines(txns: usize) -> Vec<String> {
+            let mut out = Vec::new();
+            for t in 0..txns {
+                let id = format!("{}:{}", 500 + t, 1000 * t);
+                out.push(json!({"status": "BEGIN", "id": id}).to_string());
+                for k in 0..2u64 {
+                    let mut ev = event(
+                        "c",
+                        Json::Null,
+                        json!({"id": t as u64 * 10 + k, "qty": 1, "price": "1.25"}),
+                        None,
+                    );
+                    ev["transaction"] = json!({
+                        "id": format!("{}:{}", 500 + t, 1000 * t + 10 * (k + 1) as usize),
+                        "total_order": k + 1, "data_collection_order": k + 1
+                    });
+                    out.push(ev.to_string());
+                }
+                out.push(
+                    json!({"status": "END", "id": format!("{}:{}", 500 + t, 1000 * t + 99), "event_count": 2})
+                        .to_string(),
+                );
+            }
+            out
+        }
+
+        #[derive(Clone, Debug)]
+        enum Mutation {
+            Truncate(usize),
+            /// A value replaced by one of the wrong type.
+            WrongType(&'static str, Json),
+            HugeNumber,
+            DeepNesting(usize),
+            Bytes(Vec<u8>),
+            Drop,
+            Duplicate,
+        }
+
+        fn mutation() -> impl Strategy<Value = Mutation> {
+            prop_oneof![
+                (0usize..400).prop_map(Mutation::Truncate),
+                (
+                    prop_oneof![
+                        Just("id"),
+                        Just("qty"),
+                        Just("price"),
+                        Just("op"),
+                        Just("status"),
+                        Just("transaction"),
+                        Just("after")
+                    ],
+                    prop_oneof![
+                        Just(Json::Null),
+                        Just(json!(true)),
+                        Just(json!([1])),
+                        Just(json!({"a": 1})),
+                        Just(json!("x")),
+                        Just(json!(-1.5))
+                    ],
+                )
+                    .prop_map(|(k, v)| Mutation::WrongType(k, v)),
+                Just(Mutation::HugeNumber),
+                (1usize..20_000).prop_map(Mutation::DeepNesting),
+                proptest::collection::vec(any::<u8>(), 0..64).prop_map(Mutation::Bytes),
+                Just(Mutation::Drop),
+                Just(Mutation::Duplicate),
+            ]
+        }
+
+        /// Replaces key `k` wherever it is in `v`.
+        fn set_key(v: &mut Json, k: &str, to: &Json) {
+            match v {
+                Json::Object(m) => {
+                    if let Some(slot) = m.get_mut(k) {
+                        *slot = to.clone();
+                    }
+                    for (_, child) in m.iter_mut() {
+                        set_key(child, k, to);
+                    }
+                }
+                Json::Array(items) => items.iter_mut().for_each(|c| set_key(c, k, to)),
+                _ => {}
+            }
+        }
+
+        /// The mutated line (`None`: dropped), as bytes; the sink decodes UTF-8 itself.
+        fn mutate(line: &str, m: &Mutation) -> Vec<Vec<u8>> {
+            match m {
+                Mutation::Truncate(n) => {
+                    let cut = (*n).min(line.len());
+                    vec![line.as_bytes()[..cut].to_vec()]
+                }
+                Mutation::WrongType(k, v) => {
+                    let mut json: Json = serde_json::from_str(line).unwrap();
+                    set_key(&mut json, k, v);
+                    vec![json.to_string().into_bytes()]
+                }
+                Mutation::HugeNumber => vec![
+                    line.replacen("\"qty\":1", "\"qty\":1e400", 1)
+                        .replacen("\"id\":", "\"id\":123456789012345678901234567890", 1)
+                        .into_bytes(),
+                ],
+                Mutation::DeepNesting(depth) => {
+                    let mut s = String::from("{\"after\":");
+                    s.push_str(&"[".repeat(*depth));
+                    s.push_str(&"]".repeat(*depth));
+                    s.push('}');
+                    vec![s.into_bytes()]
+                }
+                Mutation::Bytes(b) => vec![b.clone()],
+                Mutation::Drop => vec![],
+                Mutation::Duplicate => vec![line.as_bytes().to_vec(), line.as_bytes().to_vec()],
+            }
+        }
+
+        /// Feeds `lines` as the sink does (UTF-8 decoded per line); returns the transactions
+        /// emitted, checking each error names its line.
+        fn replay(lines: &[Vec<u8>], asm: &mut TxnAssembler) -> Result<Vec<String>, TestCaseError> {
+            let mut emitted = Vec::new();
+            for (i, bytes) in lines.iter().enumerate() {
+                let pos = SourcePosition::new("events.json", i as u64 + 1);
+                let result = match std::str::from_utf8(bytes) {
+                    Ok(text) => parse_line(text, &pos, &catalog).and_then(|m| asm.push(m)),
+                    Err(e) => Err(DebeziumError::Malformed {
+                        pos: pos.clone(),
+                        reason: format!("not UTF-8: {e}"),
+                    }),
+                };
+                match result {
+                    Ok(Some(txn)) => {
+                        asm.mark_applied(&txn.id, &txn.end);
+                        emitted.push(txn.id);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        prop_assert_eq!(e.position(), &pos);
+                        let prefix = format!("events.json:{}: ", i + 1);
+                        prop_assert!(e.to_string().starts_with(&prefix), "{}", e);
+                    }
+                }
+            }
+            Ok(emitted)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn mutated_streams_never_panic_and_keep_what_came_before(
+                txns in 1usize..5,
+                at in any::<prop::sample::Index>(),
+                m in mutation(),
+            ) {
+                let lines = good_lines(txns);
+                let bad = at.index(lines.len());
+                let mut fed: Vec<Vec<u8>> = lines[..bad].iter().map(|l| l.clone().into_bytes()).collect();
+                // Transactions complete before the mutated line.
+                let mut clean = TxnAssembler::new(TxnMode::Metadata);
+                let before = replay(&fed, &mut clean)?;
+                fed.extend(mutate(&lines[bad], &m));
+                fed.extend(lines[bad + 1..].iter().map(|l| l.clone().into_bytes()));
+                let mut asm = TxnAssembler::new(TxnMode::Metadata);
+                let emitted = replay(&fed, &mut asm)?;
+                prop_assert_eq!(&emitted[..before.len()], &before[..], "nothing accepted is lost");
+                // Every transaction but the one with the bad line still arrives.
+                prop_assert!(emitted.len() + 1 >= txns, "{:?} {:?}", m, emitted);
+                prop_assert!(emitted.len() <= txns);
+            }
+
+            #[test]
+            fn random_lines_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let mut asm = TxnAssembler::new(TxnMode::Metadata);
+                replay(&[bytes], &mut asm)?;
+            }
+
+            #[test]
+            fn random_json_never_panics(v in json_value()) {
+                let mut asm = TxnAssembler::new(TxnMode::Metadata);
+                for line in [v.to_string(), json!({"payload": v.clone()}).to_string(), json!({"op": "c", "after": v.clone(), "source": {"table": "items"}}).to_string()] {
+                    replay(&[line.into_bytes()], &mut asm)?;
+                }
+            }
+
+            #[test]
+            fn interleaved_transactions_are_errors_not_mixtures(
+                split in 1usize..3,
+            ) {
+                // A second transaction's events inside the first: the first is broken, the
+                // second's END has no BEGIN; nothing half-applied comes out.
+                let a = good_lines(1);
+                let b: Vec<String> = good_lines(2)[4..].to_vec();
+                let mut lines: Vec<Vec<u8>> = a[..split].iter().map(|l| l.clone().into_bytes()).collect();
+                lines.extend(b[1..3].iter().map(|l| l.clone().into_bytes()));
+                lines.extend(a[split..].iter().map(|l| l.clone().into_bytes()));
+                let mut asm = TxnAssembler::new(TxnMode::Metadata);
+                let emitted = replay(&lines, &mut asm)?;
+                prop_assert!(emitted.is_empty(), "{:?}", emitted);
+            }
+        }
+
+        fn json_value() -> impl Strategy<Value = Json> {
+            let leaf = prop_oneof![
+                Just(Json::Null),
+                any::<bool>().prop_map(Json::Bool),
+                any::<i64>().prop_map(|n| json!(n)),
+                any::<u64>().prop_map(|n| json!(n)),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(|f| json!(f)),
+                "[a-z0-9:=+/ .-]{0,12}".prop_map(Json::String),
+                prop_oneof![
+                    Just("c"),
+                    Just("r"),
+                    Just("u"),
+                    Just("d"),
+                    Just("t"),
+                    Just("m"),
+                    Just("BEGIN"),
+                    Just("END")
+                ]
+                .prop_map(|s| Json::String(s.into())),
+            ];
+            leaf.prop_recursive(4, 48, 6, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
+                    proptest::collection::btree_map(
+                        prop_oneof![
+                            Just("op".to_owned()),
+                            Just("status".to_owned()),
+                            Just("id".to_owned()),
+                            Just("after".to_owned()),
+                            Just("before".to_owned()),
+                            Just("source".to_owned()),
+                            Just("table".to_owned()),
+                            Just("transaction".to_owned()),
+                            Just("ts_ms".to_owned()),
+                            Just("event_count".to_owned()),
+                            Just("data_collections".to_owned()),
+                            Just("qty".to_owned()),
+                            Just("a".to_owned()),
+                            Just("b".to_owned()),
+                        ],
+                        inner,
+                        0..6,
+                    )
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+                ]
+            })
+        }
     }
 }

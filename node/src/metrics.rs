@@ -97,7 +97,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 18] = [
+    let metrics: [(&str, &str, &str, String); 22] = [
         (
             "retina_hwm",
             "gauge",
@@ -175,6 +175,30 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "counter",
             "Transactions written to the dead-letter file.",
             load(&s.dead_lettered),
+        ),
+        (
+            "retina_heartbeats_skipped_total",
+            "counter",
+            "Debezium heartbeats read and skipped.",
+            load(&s.heartbeats_skipped),
+        ),
+        (
+            "retina_logical_messages_skipped_total",
+            "counter",
+            "Debezium logical decoding messages (op m) read and skipped.",
+            load(&s.messages_skipped),
+        ),
+        (
+            "retina_schema_changes_skipped_total",
+            "counter",
+            "Debezium schema change events read and skipped (the catalog DDL decides).",
+            load(&s.schema_changes_skipped),
+        ),
+        (
+            "retina_transaction_restarts_total",
+            "counter",
+            "Open transactions restarted by a repeated BEGIN (a redelivery after a partial one).",
+            load(&s.txn_restarts),
         ),
         (
             "retina_running_queries",

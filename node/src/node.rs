@@ -35,6 +35,7 @@ use crate::coordinator::{
     BeginRefused, CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark,
     StateFile, checkpoint_dir,
 };
+use crate::debezium::DecimalHandling;
 use crate::router::shard_of;
 use crate::settings::Settings;
 use crate::vis_checkpoint::VisCheckpoints;
@@ -272,6 +273,13 @@ pub struct NodeStatus {
     pub rows_applied: AtomicU64,
     pub duplicates_skipped: AtomicU64,
     pub dead_lettered: AtomicU64,
+    /// Source lines that carry no change and were skipped: Debezium heartbeats, logical
+    /// decoding messages (`op: "m"`) and schema change events.
+    pub heartbeats_skipped: AtomicU64,
+    pub messages_skipped: AtomicU64,
+    pub schema_changes_skipped: AtomicU64,
+    /// Open source transactions restarted by a repeated BEGIN of the same transaction.
+    pub txn_restarts: AtomicU64,
     /// Batches sent to shards and not yet applied, over all shards.
     pub backlog_batches: AtomicU64,
     pub running_queries: AtomicU64,
@@ -382,6 +390,8 @@ pub struct NodeHandle {
     resume: Option<SourceMark>,
     /// The sink's state recorded with that checkpoint (empty: none).
     resume_state: Arc<[u8]>,
+    /// How the sink reads decimals of a stream without the envelope schema.
+    decimal_handling: DecimalHandling,
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
@@ -688,6 +698,7 @@ impl Node {
                 store,
                 resume: persisted.checkpoint.map(|c| c.source),
                 resume_state,
+                decimal_handling: settings.decimal_handling,
             },
             _lock: lock,
             coordinator,
@@ -741,6 +752,11 @@ impl NodeHandle {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
+    }
+
+    /// The `decimal_handling` setting: how a decimal without the envelope schema is encoded.
+    pub fn decimal_handling(&self) -> DecimalHandling {
+        self.decimal_handling
     }
 
     pub fn shard_count(&self) -> u16 {
@@ -855,9 +871,15 @@ impl NodeHandle {
             for op in txn {
                 let schema = self.catalog.get(op.table).expect("ops name catalog tables");
                 match &op.op {
-                    RowOp::Insert(r) | RowOp::Delete(r) => {
+                    RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => {
                         let s = shard_of(schema, r, shards, &mut scratch);
                         per_shard[usize::from(s)].push(WireTableOp::from(op));
+                    }
+                    // The table's rows are spread over every shard by key hash.
+                    RowOp::Truncate => {
+                        for ops in &mut per_shard {
+                            ops.push(WireTableOp::from(op));
+                        }
                     }
                     RowOp::Update { before, after } => {
                         let from = shard_of(schema, before, shards, &mut scratch);
@@ -1103,6 +1125,8 @@ fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
                 before: row(before),
                 after: row(after),
             },
+            RowOp::Upsert(r) => retina_protocol::WireOp::Upsert(row(r)),
+            RowOp::Truncate => retina_protocol::WireOp::Truncate,
         },
     }
 }
@@ -1719,8 +1743,9 @@ fn on_apply(ctx: &ShardContext, shard: &mut Shard, bytes: &[u8], scratch: &mut V
                 return fail_txn(ctx, shard, ts, format!("unknown table id {}", op.table()));
             };
             let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
-                RowOp::Insert(r) | RowOp::Delete(r) => [Some(r), None],
+                RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => [Some(r), None],
                 RowOp::Update { before, after } => [Some(before), Some(after)],
+                RowOp::Truncate => [None, None],
             };
             for r in rows.into_iter().flatten() {
                 if schema.check_key(r).is_ok() && shard_of(schema, r, ctx.shards, scratch) != ctx.id

@@ -4,6 +4,8 @@
 use std::path::Path;
 
 use retina_storage::StorageConfig;
+
+use crate::debezium::DecimalHandling;
 use serde::Deserialize;
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -56,6 +58,13 @@ pub struct Settings {
     /// Most bytes of source text one open transaction may hold while the sink waits for its
     /// END; a larger one is refused (stopped, or dead-lettered with `--on-error skip`).
     pub max_txn_bytes: u64,
+    /// How a stream without the envelope schema (`schemas.enable=false`) encodes decimals: the
+    /// connector's `decimal.handling.mode`. `precise`: base64 big-endian two's-complement
+    /// bytes of the unscaled value at the column's scale; `string`: a decimal literal
+    /// (`"123.45"`); `double`: a JSON number. A JSON number and Debezium's variable-scale
+    /// `{"scale", "value"}` are read in every mode; a string never by guessing: `"9999"` is a
+    /// literal under `string` and bytes under `precise`. With the envelope, its schema decides.
+    pub decimal_handling: DecimalHandling,
 }
 
 impl Default for Settings {
@@ -80,6 +89,7 @@ impl Default for Settings {
             checkpoint_interval_ms: 10_000,
             query_wait_ms: 10_000,
             max_txn_bytes: 256 << 20,
+            decimal_handling: DecimalHandling::String,
         }
     }
 }
@@ -211,6 +221,12 @@ mod tests {
             .to_string();
         assert!(e.contains("unknown field `nope`"), "{e}");
         assert!(Settings::load(None, &["shards".into()]).is_err());
+        let s = Settings::load(None, &["decimal_handling=\"precise\"".into()]).unwrap();
+        assert_eq!(s.decimal_handling, DecimalHandling::Precise);
+        let e = Settings::load(None, &["decimal_handling=\"guess\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `guess`"), "{e}");
     }
 
     #[test]

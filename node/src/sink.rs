@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
 use crate::coordinator::SourceMark;
-use crate::debezium::{DebeziumError, SourcePosition, TxnAssembler, TxnMode, parse_line};
+use crate::debezium::{
+    DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler, TxnMode,
+    parse_line_with,
+};
 use crate::node::NodeHandle;
 
 /// Where change events come from.
@@ -431,17 +434,23 @@ impl Sink<'_> {
         let pos = SourcePosition::new(self.name.clone(), self.report.lines);
         if let Some((id, record)) = &mut self.skipping {
             match marker(line) {
-                // Its END: the whole bad transaction goes to the dead-letter file.
-                Some(("END", end)) if end == *id => {
+                // Its END (with Postgres, an id whose LSN part differs): the whole bad
+                // transaction goes to the dead-letter file.
+                Some(("END", end)) if self.assembler.same_transaction(&end, id) => {
                     record.push(line, self.options.max_txn_bytes);
                     let (_, record) = self.skipping.take().expect("matched above");
                     return self.dead_letter(record);
                 }
-                // Another transaction begins: the bad one never ended; this line is read as
-                // usual.
-                Some(("BEGIN", _)) => {
+                // Another transaction begins, or this one again from its BEGIN (a redelivery):
+                // the bad delivery never ended; this line is read as usual.
+                Some(("BEGIN", begin)) => {
+                    let again = self.assembler.same_transaction(&begin, id);
                     let (_, mut record) = self.skipping.take().expect("matched above");
-                    record.reason += "; its END never came";
+                    record.reason += if again {
+                        "; the source delivered the transaction again from its BEGIN"
+                    } else {
+                        "; its END never came"
+                    };
                     if !self.dead_letter(record) {
                         return false;
                     }
@@ -462,7 +471,31 @@ impl Sink<'_> {
                 .resolve(name)
                 .and_then(|id| catalog.get(id).cloned())
         };
-        let result = parse_line(line, &pos, &lookup).and_then(|m| self.assembler.push(m));
+        let options = ParseOptions {
+            decimal_handling: self.node.decimal_handling(),
+        };
+        let status = self.node.status();
+        let result = parse_line_with(line, &pos, &lookup, &options).and_then(|m| {
+            if let Message::Skipped { what, .. } = &m {
+                let counter = match what {
+                    Skipped::Heartbeat => &status.heartbeats_skipped,
+                    Skipped::LogicalMessage => &status.messages_skipped,
+                    Skipped::SchemaChange => {
+                        tracing::warn!(
+                            "{pos}: schema change event skipped; tables change only through the \
+                             catalog DDL (a change of a replayed table's columns fails replay \
+                             at its first event)"
+                        );
+                        &status.schema_changes_skipped
+                    }
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            self.assembler.push(m)
+        });
+        status
+            .txn_restarts
+            .store(self.assembler.restarts(), Ordering::Relaxed);
         match result {
             Ok(Some(txn)) => {
                 self.raw.clear();
@@ -500,6 +533,12 @@ impl Sink<'_> {
                 true
             }
             Ok(None) => {
+                if self.assembler.open_begin() == Some(&pos) {
+                    // This line (re)started the open transaction: a restart drops the partial
+                    // delivery's lines with its events.
+                    self.raw.clear();
+                    self.raw_bytes = 0;
+                }
                 let Some(open) = self.assembler.open_transaction() else {
                     self.raw.clear();
                     self.raw_bytes = 0;

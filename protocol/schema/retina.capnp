@@ -45,6 +45,8 @@ enum ColumnType {
   utf8 @6;
   date @7;        # days since 1970-01-01
   timestamp @8;   # microseconds since 1970-01-01T00:00:00Z
+  time @9;        # microseconds since midnight
+  timestampTz @10; # microseconds since 1970-01-01T00:00:00Z, an instant (Arrow: UTC)
 }
 
 struct Column {

@@ -18,6 +18,7 @@ pub enum WireValue {
     Utf8(String),
     Date(i32),
     Timestamp(i64),
+    Time(i64),
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
@@ -29,7 +30,14 @@ pub struct WireRow {
 pub enum WireOp {
     Insert(WireRow),
     Delete(WireRow),
-    Update { before: WireRow, after: WireRow },
+    Update {
+        before: WireRow,
+        after: WireRow,
+    },
+    /// Insert or replace the row of its key (a re-sent snapshot read).
+    Upsert(WireRow),
+    /// Delete every live row of the table on the receiving shard.
+    Truncate,
 }
 
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
@@ -89,6 +97,7 @@ impl From<&Value> for WireValue {
             Value::Utf8(s) => WireValue::Utf8(s.clone()),
             Value::Date(d) => WireValue::Date(*d),
             Value::Timestamp(t) => WireValue::Timestamp(*t),
+            Value::Time(t) => WireValue::Time(*t),
         }
     }
 }
@@ -113,6 +122,8 @@ impl<R: AsRef<[Value]>> From<&TableOp<R>> for WireTableOp {
                     before: row(before),
                     after: row(after),
                 },
+                RowOp::Upsert(r) => WireOp::Upsert(row(r)),
+                RowOp::Truncate => WireOp::Truncate,
             },
         }
     }
@@ -134,6 +145,7 @@ impl RowRef for ArchivedWireRow {
             ArchivedWireValue::Utf8(s) => ValueRef::Utf8(s.as_str()),
             ArchivedWireValue::Date(d) => ValueRef::Date(d.to_native()),
             ArchivedWireValue::Timestamp(t) => ValueRef::Timestamp(t.to_native()),
+            ArchivedWireValue::Time(t) => ValueRef::Time(t.to_native()),
         }
     }
 }
@@ -150,6 +162,8 @@ impl TableOpRef for ArchivedWireTableOp {
             ArchivedWireOp::Insert(r) => RowOp::Insert(r),
             ArchivedWireOp::Delete(r) => RowOp::Delete(r),
             ArchivedWireOp::Update { before, after } => RowOp::Update { before, after },
+            ArchivedWireOp::Upsert(r) => RowOp::Upsert(r),
+            ArchivedWireOp::Truncate => RowOp::Truncate,
         }
     }
 }
@@ -202,12 +216,34 @@ mod tests {
                 },
             },
         ];
+        // A re-sent snapshot read of a live key, then a truncate and a row after it.
+        let later = [
+            TableOp {
+                table: 0,
+                op: RowOp::Upsert(row(2, "b2")),
+            },
+            TableOp {
+                table: 0,
+                op: RowOp::Truncate,
+            },
+            TableOp {
+                table: 0,
+                op: RowOp::Upsert(row(7, "g")),
+            },
+        ];
         let batch = OpBatch {
-            txns: vec![WireTxn {
-                ts: 2,
-                source: "in.json:1 (transaction 1)".into(),
-                ops: ops.iter().map(WireTableOp::from).collect(),
-            }],
+            txns: vec![
+                WireTxn {
+                    ts: 2,
+                    source: "in.json:1 (transaction 1)".into(),
+                    ops: ops.iter().map(WireTableOp::from).collect(),
+                },
+                WireTxn {
+                    ts: 3,
+                    source: "in.json:5 (transaction 2)".into(),
+                    ops: later.iter().map(WireTableOp::from).collect(),
+                },
+            ],
             applied_through: 4,
         };
         let bytes = batch.encode().unwrap();
@@ -221,9 +257,16 @@ mod tests {
         shard
             .advance(Timestamp::new(archived.applied_through.to_native()).unwrap())
             .unwrap();
-        assert_eq!(shard.live_keys(0).unwrap(), 2);
+        assert_eq!(
+            shard.live_keys(0).unwrap(),
+            1,
+            "only the row after the truncate"
+        );
         assert_eq!(shard.applied_through().get(), 4);
         assert_eq!(archived.txns[0].ops[2].op().clone_rows(), ops[2].op.clone());
+        for (wire, op) in archived.txns[1].ops.iter().zip(&later) {
+            assert_eq!(wire.op().clone_rows(), op.op.clone());
+        }
 
         let mut corrupt = bytes.to_vec();
         let n = corrupt.len();
@@ -249,6 +292,8 @@ mod tests {
                     before: own(before),
                     after: own(after),
                 },
+                RowOp::Upsert(r) => RowOp::Upsert(own(r)),
+                RowOp::Truncate => RowOp::Truncate,
             }
         }
     }

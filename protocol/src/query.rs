@@ -30,6 +30,8 @@ pub fn write_table(mut b: rc::table::Builder<'_>, id: u32, schema: &TableSchema)
             ColumnType::Utf8 => ct::Utf8,
             ColumnType::Date => ct::Date,
             ColumnType::Timestamp => ct::Timestamp,
+            ColumnType::Time => ct::Time,
+            ColumnType::TimestampTz => ct::TimestampTz,
         };
         col.set_type(ty);
     }
@@ -56,6 +58,8 @@ pub fn read_table(r: rc::table::Reader<'_>) -> capnp::Result<(u32, Arc<TableSche
             ct::Utf8 => ColumnType::Utf8,
             ct::Date => ColumnType::Date,
             ct::Timestamp => ColumnType::Timestamp,
+            ct::Time => ColumnType::Time,
+            ct::TimestampTz => ColumnType::TimestampTz,
         };
         columns.push(ColumnDef::new(
             c.get_name()?.to_str()?,
@@ -122,6 +126,8 @@ mod tests {
                 ),
                 ColumnDef::new("at", ColumnType::Timestamp, true),
                 ColumnDef::new("note", ColumnType::Utf8, true),
+                ColumnDef::new("opens", ColumnType::Time, true),
+                ColumnDef::new("seen", ColumnType::TimestampTz, true),
             ],
             &["id"],
         )

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use arrow::array::{
     ArrayRef, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder, Float64Builder,
-    Int32Builder, Int64Array, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+    Int32Builder, Int64Array, Int64Builder, StringBuilder, Time64MicrosecondBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow::record_batch::RecordBatch;
 use object_store::path::Path;
@@ -51,7 +52,9 @@ enum ColumnBuilder {
     Decimal(Decimal128Builder, u8, i8),
     Utf8(StringBuilder),
     Date(Date32Builder),
-    Timestamp(TimestampMicrosecondBuilder),
+    /// `Timestamp` and `TimestampTz`, the latter with its time zone.
+    Timestamp(TimestampMicrosecondBuilder, Option<Arc<str>>),
+    Time(Time64MicrosecondBuilder),
 }
 
 impl ColumnBuilder {
@@ -68,8 +71,13 @@ impl ColumnBuilder {
             ColumnType::Utf8 => Self::Utf8(StringBuilder::with_capacity(rows, rows * 16)),
             ColumnType::Date => Self::Date(Date32Builder::with_capacity(rows)),
             ColumnType::Timestamp => {
-                Self::Timestamp(TimestampMicrosecondBuilder::with_capacity(rows))
+                Self::Timestamp(TimestampMicrosecondBuilder::with_capacity(rows), None)
             }
+            ColumnType::TimestampTz => Self::Timestamp(
+                TimestampMicrosecondBuilder::with_capacity(rows),
+                Some("UTC".into()),
+            ),
+            ColumnType::Time => Self::Time(Time64MicrosecondBuilder::with_capacity(rows)),
         }
     }
 
@@ -85,7 +93,8 @@ impl ColumnBuilder {
             (Self::Decimal(b, ..), ValueRef::Decimal(x)) => b.append_value(x),
             (Self::Utf8(b), ValueRef::Utf8(x)) => b.append_value(x),
             (Self::Date(b), ValueRef::Date(x)) => b.append_value(x),
-            (Self::Timestamp(b), ValueRef::Timestamp(x)) => b.append_value(x),
+            (Self::Timestamp(b, _), ValueRef::Timestamp(x)) => b.append_value(x),
+            (Self::Time(b), ValueRef::Time(x)) => b.append_value(x),
             (Self::Boolean(b), ValueRef::Null) => b.append_null(),
             (Self::Int32(b), ValueRef::Null) => b.append_null(),
             (Self::Int64(b), ValueRef::Null) => b.append_null(),
@@ -94,7 +103,8 @@ impl ColumnBuilder {
             (Self::Decimal(b, ..), ValueRef::Null) => b.append_null(),
             (Self::Utf8(b), ValueRef::Null) => b.append_null(),
             (Self::Date(b), ValueRef::Null) => b.append_null(),
-            (Self::Timestamp(b), ValueRef::Null) => b.append_null(),
+            (Self::Timestamp(b, _), ValueRef::Null) => b.append_null(),
+            (Self::Time(b), ValueRef::Null) => b.append_null(),
             (_, v) => panic!("a {} value reached the write buffer unchecked", v.kind()),
         }
     }
@@ -114,7 +124,8 @@ impl ColumnBuilder {
             ),
             Self::Utf8(b) => Arc::new(b.finish_cloned()),
             Self::Date(b) => Arc::new(b.finish_cloned()),
-            Self::Timestamp(b) => Arc::new(b.finish_cloned()),
+            Self::Timestamp(b, tz) => Arc::new(b.finish_cloned().with_timezone_opt(tz.clone())),
+            Self::Time(b) => Arc::new(b.finish_cloned()),
         }
     }
 
@@ -132,7 +143,8 @@ impl ColumnBuilder {
             ),
             Self::Utf8(b) => Arc::new(b.finish()),
             Self::Date(b) => Arc::new(b.finish()),
-            Self::Timestamp(b) => Arc::new(b.finish()),
+            Self::Timestamp(b, tz) => Arc::new(b.finish().with_timezone_opt(tz.clone())),
+            Self::Time(b) => Arc::new(b.finish()),
         }
     }
 
@@ -147,14 +159,15 @@ impl ColumnBuilder {
             Self::Decimal(b, ..) => b,
             Self::Utf8(b) => b,
             Self::Date(b) => b,
-            Self::Timestamp(b) => b,
+            Self::Timestamp(b, _) => b,
+            Self::Time(b) => b,
         };
         // Builders do not report capacity; estimate from the rows they hold.
         let len = b.len();
         match self {
             Self::Boolean(_) => len / 8,
             Self::Int32(_) | Self::Float32(_) | Self::Date(_) => len * 4,
-            Self::Int64(_) | Self::Float64(_) | Self::Timestamp(_) => len * 8,
+            Self::Int64(_) | Self::Float64(_) | Self::Timestamp(..) | Self::Time(_) => len * 8,
             Self::Decimal(..) => len * 16,
             Self::Utf8(s) => len * 4 + s.values_slice().len(),
         }

@@ -48,7 +48,9 @@ impl StorageConfig {
             ));
         }
         if self.file_rows == 0
-            || !self.file_rows.is_multiple_of(u64::from(self.row_group_rows))
+            || !self
+                .file_rows
+                .is_multiple_of(u64::from(self.row_group_rows))
             || !self.file_rows.is_multiple_of(u64::from(self.block_rows))
         {
             return bad(format!(

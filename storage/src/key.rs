@@ -30,7 +30,9 @@ fn encode_value(ty: ColumnType, v: ValueRef<'_>, out: &mut Vec<u8>) {
         (ColumnType::Date, ValueRef::Date(i)) => {
             out.extend_from_slice(&((i as u32) ^ SIGN32).to_be_bytes())
         }
-        (ColumnType::Int64, ValueRef::Int(i)) | (ColumnType::Timestamp, ValueRef::Timestamp(i)) => {
+        (ColumnType::Int64, ValueRef::Int(i))
+        | (ColumnType::Timestamp | ColumnType::TimestampTz, ValueRef::Timestamp(i))
+        | (ColumnType::Time, ValueRef::Time(i)) => {
             out.extend_from_slice(&((i as u64) ^ SIGN64).to_be_bytes())
         }
         (ColumnType::Float32, ValueRef::Float(f)) => {
@@ -83,7 +85,11 @@ pub fn decode_key(schema: &TableSchema, mut bytes: &[u8]) -> Result<Vec<Value>> 
         let width = match ty {
             ColumnType::Boolean => 1,
             ColumnType::Int32 | ColumnType::Date | ColumnType::Float32 => 4,
-            ColumnType::Int64 | ColumnType::Timestamp | ColumnType::Float64 => 8,
+            ColumnType::Int64
+            | ColumnType::Timestamp
+            | ColumnType::TimestampTz
+            | ColumnType::Time
+            | ColumnType::Float64 => 8,
             ColumnType::Decimal { .. } => 16,
             ColumnType::Utf8 => 0,
         };
@@ -124,7 +130,10 @@ pub fn decode_key(schema: &TableSchema, mut bytes: &[u8]) -> Result<Vec<Value>> 
             ColumnType::Int32 => Value::Int(i64::from((be32(head) ^ SIGN32) as i32)),
             ColumnType::Date => Value::Date((be32(head) ^ SIGN32) as i32),
             ColumnType::Int64 => Value::Int((be64(head) ^ SIGN64) as i64),
-            ColumnType::Timestamp => Value::Timestamp((be64(head) ^ SIGN64) as i64),
+            ColumnType::Timestamp | ColumnType::TimestampTz => {
+                Value::Timestamp((be64(head) ^ SIGN64) as i64)
+            }
+            ColumnType::Time => Value::Time((be64(head) ^ SIGN64) as i64),
             ColumnType::Float32 => {
                 let o = be32(head);
                 let bits = if o & SIGN32 != 0 { o & !SIGN32 } else { !o };

@@ -14,7 +14,9 @@ pub const CREATE_TS_COLUMN: &str = "_create_ts";
 
 /// A column's type. Values of each type are [`ValueRef`] variants: integers for `Int32` and
 /// `Int64`, the unscaled integer at the column's scale for `Decimal`, days since 1970-01-01 for
-/// `Date`, microseconds since 1970-01-01 00:00:00 UTC for `Timestamp`.
+/// `Date`, microseconds since 1970-01-01 00:00:00 UTC for `Timestamp` and `TimestampTz` (the
+/// instant; `TimestampTz` is UTC-adjusted in Arrow, `Timestamp` a wall-clock time), and
+/// microseconds since midnight for `Time`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ColumnType {
     Boolean,
@@ -22,10 +24,17 @@ pub enum ColumnType {
     Int64,
     Float32,
     Float64,
-    Decimal { precision: u8, scale: i8 },
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
     Utf8,
     Date,
     Timestamp,
+    /// A time of day (`TIME`).
+    Time,
+    /// An instant (`TIMESTAMP WITH TIME ZONE`, `TIMESTAMPTZ`).
+    TimestampTz,
 }
 
 impl ColumnType {
@@ -40,6 +49,10 @@ impl ColumnType {
             ColumnType::Utf8 => DataType::Utf8,
             ColumnType::Date => DataType::Date32,
             ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            ColumnType::Time => DataType::Time64(TimeUnit::Microsecond),
+            ColumnType::TimestampTz => {
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+            }
         }
     }
 
@@ -54,6 +67,8 @@ impl ColumnType {
             ColumnType::Utf8 => "varchar".into(),
             ColumnType::Date => "date".into(),
             ColumnType::Timestamp => "timestamp".into(),
+            ColumnType::Time => "time".into(),
+            ColumnType::TimestampTz => "timestamptz".into(),
         }
     }
 }
@@ -63,6 +78,10 @@ pub struct ColumnDef {
     pub name: String,
     pub ty: ColumnType,
     pub nullable: bool,
+    /// The fractional-second digits the DDL declared for a time column (`TIMESTAMP(3)`: 3),
+    /// if any. Stored values are microseconds whatever it is; a source that sends integer times
+    /// without their unit is read in the unit this precision implies.
+    pub time_precision: Option<u8>,
 }
 
 impl ColumnDef {
@@ -71,7 +90,14 @@ impl ColumnDef {
             name: name.into(),
             ty,
             nullable,
+            time_precision: None,
         }
+    }
+
+    /// The column with a declared fractional-second precision.
+    pub fn with_time_precision(mut self, digits: u8) -> Self {
+        self.time_precision = Some(digits);
+        self
     }
 }
 
@@ -209,7 +235,8 @@ impl TableSchema {
             }
             (ColumnType::Utf8, ValueRef::Utf8(_)) => true,
             (ColumnType::Date, ValueRef::Date(_)) => true,
-            (ColumnType::Timestamp, ValueRef::Timestamp(_)) => true,
+            (ColumnType::Timestamp | ColumnType::TimestampTz, ValueRef::Timestamp(_)) => true,
+            (ColumnType::Time, ValueRef::Time(_)) => true,
             _ => false,
         };
         if ok {

@@ -31,7 +31,16 @@ pub type TableId = u32;
 pub enum RowOp<R> {
     Insert(R),
     Delete(R),
-    Update { before: R, after: R },
+    Update {
+        before: R,
+        after: R,
+    },
+    /// The row image of its key, whether or not the key exists: the live version, if any, is
+    /// deleted and the row inserted (a source re-sending a snapshot read of a row it already
+    /// sent).
+    Upsert(R),
+    /// Every live row of the table is deleted (on this shard: a truncate goes to every shard).
+    Truncate,
 }
 
 /// A row operation on a table.
@@ -60,6 +69,8 @@ impl<R: RowRef> TableOpRef for TableOp<R> {
             RowOp::Insert(r) => RowOp::Insert(r),
             RowOp::Delete(r) => RowOp::Delete(r),
             RowOp::Update { before, after } => RowOp::Update { before, after },
+            RowOp::Upsert(r) => RowOp::Upsert(r),
+            RowOp::Truncate => RowOp::Truncate,
         }
     }
 }
@@ -280,6 +291,9 @@ struct Plan {
     touched: Vec<(TableId, std::ops::Range<usize>, Planned, Option<usize>)>,
     /// Hash of (table, key) -> newest entry in `touched` with that hash.
     heads: HashMap<u64, usize, rustc_hash::FxBuildHasher>,
+    /// Tables the transaction truncated so far, each with the length of `touched` at its last
+    /// truncate: every key of the table not touched since is absent.
+    truncated: Vec<(TableId, usize)>,
 }
 
 impl Plan {
@@ -288,6 +302,15 @@ impl Plan {
         self.keys.clear();
         self.touched.clear();
         self.heads.clear();
+        self.truncated.clear();
+    }
+
+    fn truncate(&mut self, table: TableId) {
+        let mark = self.touched.len();
+        match self.truncated.iter_mut().find(|(t, _)| *t == table) {
+            Some(entry) => entry.1 = mark,
+            None => self.truncated.push((table, mark)),
+        }
     }
 
     fn hash(table: TableId, key: &[u8]) -> u64 {
@@ -298,18 +321,26 @@ impl Plan {
         h.finish()
     }
 
-    /// The state this transaction left `key` in, if it touched it.
+    /// The state this transaction left `key` in, if it touched it (or truncated its table).
     fn touched(&self, table: TableId, key: std::ops::Range<usize>) -> Option<Planned> {
+        let truncated_at = self
+            .truncated
+            .iter()
+            .find(|(t, _)| *t == table)
+            .map(|&(_, mark)| mark);
         let bytes = &self.arena[key];
         let mut at = self.heads.get(&Self::hash(table, bytes)).copied();
         while let Some(i) = at {
             let (t, range, state, prev) = &self.touched[i];
             if *t == table && &self.arena[range.clone()] == bytes {
-                return Some(*state);
+                return match truncated_at {
+                    Some(mark) if i < mark => Some(Planned::Absent),
+                    _ => Some(*state),
+                };
             }
             at = *prev;
         }
-        None
+        truncated_at.map(|_| Planned::Absent)
     }
 
     fn set(&mut self, table: TableId, key: std::ops::Range<usize>, state: Planned) {
@@ -408,6 +439,17 @@ impl Shard {
                     stats.deleted += 1;
                     stats.inserted += 1;
                 }
+                RowOp::Upsert(row) => {
+                    let key = keys.next().expect("planned");
+                    // The index is up to date with the earlier operations of this transaction.
+                    if self.tables[t].index.latest(key).is_some() {
+                        self.delete(t, key, ts);
+                        stats.deleted += 1;
+                    }
+                    self.insert(t, key, row, ts);
+                    stats.inserted += 1;
+                }
+                RowOp::Truncate => stats.deleted += self.truncate(t, ts),
             }
         }
         self.plan = plan;
@@ -496,6 +538,11 @@ impl Shard {
                     }
                     plan.set(table, new, Planned::Present);
                 }
+                RowOp::Upsert(row) => {
+                    let (key, _) = key_of(row, true, plan).map_err(fail)?;
+                    plan.set(table, key, Planned::Present);
+                }
+                RowOp::Truncate => plan.truncate(table),
             }
         }
         Ok(())
@@ -530,6 +577,20 @@ impl Shard {
             .index
             .put(key, ts, row_id)
             .expect("transactions apply in timestamp order");
+    }
+
+    /// Deletes every live row of table `t` at `ts`; returns how many.
+    fn truncate(&mut self, t: usize, ts: Timestamp) -> u64 {
+        let live: Vec<Vec<u8>> = self.tables[t]
+            .index
+            .iter_latest()
+            .filter(|(_, row)| row.is_some())
+            .map(|(key, _)| key.to_vec())
+            .collect();
+        for key in &live {
+            self.delete(t, key, ts);
+        }
+        live.len() as u64
     }
 
     fn delete(&mut self, t: usize, key: &[u8], ts: Timestamp) {

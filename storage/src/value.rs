@@ -15,6 +15,8 @@ pub enum Value {
     Utf8(String),
     Date(i32),
     Timestamp(i64),
+    /// A time of day: microseconds since midnight.
+    Time(i64),
 }
 
 /// A borrowed value; see [`Value`].
@@ -28,6 +30,7 @@ pub enum ValueRef<'a> {
     Utf8(&'a str),
     Date(i32),
     Timestamp(i64),
+    Time(i64),
 }
 
 impl Value {
@@ -41,6 +44,7 @@ impl Value {
             Value::Utf8(v) => ValueRef::Utf8(v),
             Value::Date(v) => ValueRef::Date(*v),
             Value::Timestamp(v) => ValueRef::Timestamp(*v),
+            Value::Time(v) => ValueRef::Time(*v),
         }
     }
 }
@@ -56,6 +60,7 @@ impl ValueRef<'_> {
             ValueRef::Utf8(v) => Value::Utf8(v.to_owned()),
             ValueRef::Date(v) => Value::Date(v),
             ValueRef::Timestamp(v) => Value::Timestamp(v),
+            ValueRef::Time(v) => Value::Time(v),
         }
     }
 
@@ -70,6 +75,7 @@ impl ValueRef<'_> {
             ValueRef::Utf8(_) => "string",
             ValueRef::Date(_) => "date",
             ValueRef::Timestamp(_) => "timestamp",
+            ValueRef::Time(_) => "time",
         }
     }
 }
@@ -85,6 +91,7 @@ impl fmt::Display for ValueRef<'_> {
             ValueRef::Utf8(v) => write!(f, "{v:?}"),
             ValueRef::Date(v) => write!(f, "date {v}"),
             ValueRef::Timestamp(v) => write!(f, "timestamp {v}"),
+            ValueRef::Time(v) => write!(f, "time {v}"),
         }
     }
 }
@@ -133,7 +140,7 @@ pub fn batch_rows(
         Array, AsArray,
         types::{
             Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
-            TimestampMicrosecondType,
+            Time64MicrosecondType, TimestampMicrosecondType,
         },
     };
     assert_eq!(batch.num_columns(), types.len(), "one type per column");
@@ -154,9 +161,10 @@ pub fn batch_rows(
                     }
                     T::Utf8 => Value::Utf8(col.as_string::<i32>().value(r).to_owned()),
                     T::Date => Value::Date(col.as_primitive::<Date32Type>().value(r)),
-                    T::Timestamp => {
+                    T::Timestamp | T::TimestampTz => {
                         Value::Timestamp(col.as_primitive::<TimestampMicrosecondType>().value(r))
                     }
+                    T::Time => Value::Time(col.as_primitive::<Time64MicrosecondType>().value(r)),
                 }
             };
             row.push(v);

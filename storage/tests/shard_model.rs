@@ -72,6 +72,15 @@ enum GenOp {
         to_k: Option<u8>,
         seed: u16,
     },
+    /// A re-sent snapshot read: the row whether or not its key is live.
+    Upsert {
+        table: u32,
+        k: u8,
+        seed: u16,
+    },
+    Truncate {
+        table: u32,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +125,9 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(table, pick, any)| GenOp::Delete { table, pick, any }),
         3 => (0u32..2, any::<u16>(), proptest::option::weighted(0.3, any::<u8>()), any::<u16>())
             .prop_map(|(table, pick, to_k, seed)| GenOp::Update { table, pick, to_k, seed }),
+        2 => (0u32..2, any::<u8>(), any::<u16>())
+            .prop_map(|(table, k, seed)| GenOp::Upsert { table, k, seed }),
+        1 => (0u32..2).prop_map(|table| GenOp::Truncate { table }),
     ];
     prop_oneof![
         12 => proptest::collection::vec(op, 1..6).prop_map(Step::Txn),
@@ -134,7 +146,13 @@ fn step() -> impl Strategy<Value = Step> {
 
 fn row(table: u32, k: u8, seed: u16) -> Vec<Value> {
     let s = i64::from(seed);
-    let maybe = |v: Value| if seed.is_multiple_of(5) { Value::Null } else { v };
+    let maybe = |v: Value| {
+        if seed.is_multiple_of(5) {
+            Value::Null
+        } else {
+            v
+        }
+    };
     if table == 0 {
         vec![
             Value::Int(k.into()),
@@ -197,6 +215,10 @@ impl Model {
                         return None;
                     }
                 }
+                RowOp::Upsert(r) => {
+                    t.insert(model_key(op.table, r), (r.clone(), ts));
+                }
+                RowOp::Truncate => t.clear(),
             }
         }
         Some(state)
@@ -264,6 +286,14 @@ fn to_ops(ops: &[GenOp], state: &[TableModel; 2]) -> Vec<TableOp<Vec<Value>>> {
                     },
                 }
             }
+            GenOp::Upsert { table, k, seed } => TableOp {
+                table,
+                op: RowOp::Upsert(row(table, k, seed)),
+            },
+            GenOp::Truncate { table } => TableOp {
+                table,
+                op: RowOp::Truncate,
+            },
         })
         .collect()
 }

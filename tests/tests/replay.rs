@@ -487,6 +487,201 @@ fn skip_survives_a_transaction_whose_end_never_comes() {
     node.shutdown();
 }
 
+/// `line` (one JSON message) changed by `edit`.
+fn edited(line: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+    edit(&mut v);
+    v.to_string()
+}
+
+fn account_ids(node: &Node) -> Vec<i64> {
+    visible(node)[0]
+        .keys()
+        .map(|k| match k[0] {
+            V::I(i) => i,
+            _ => unreachable!(),
+        })
+        .collect()
+}
+
+#[test]
+fn skip_keeps_a_full_redelivery_after_a_partial_one() {
+    // BEGIN t2, e1, BEGIN t2, e1, e2, END t2: the redelivery restarts t2, nothing is lost.
+    let t2 = txn_lines(
+        "t2",
+        &[
+            Change::Insert(0, account(2, 200)),
+            Change::Insert(0, account(3, 300)),
+        ],
+    );
+    let mut lines = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    lines.extend(t2[..2].iter().cloned());
+    lines.extend(t2.iter().cloned());
+    // t4 breaks in its partial delivery (a half-written line), then comes again whole.
+    let t4 = txn_lines("t4", &[Change::Insert(0, account(4, 400))]);
+    lines.push(t4[0].clone());
+    lines.push(t4[1][..20].to_owned());
+    lines.extend(t4.iter().cloned());
+    let (dir, node, report) = replay_lines(&lines, OnError::Skip);
+    assert_eq!(report.stopped_by, None);
+    assert_eq!(account_ids(&node), [1, 2, 3, 4]);
+    assert_eq!(
+        node.handle()
+            .status()
+            .txn_restarts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // Only t4's broken partial delivery is dead-lettered, and says why it ended.
+    assert_eq!(report.dead_lettered, 1, "{report:?}");
+    let dead = std::fs::read_to_string(dir.path().join("dead.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(dead.trim()).unwrap();
+    assert_eq!(record["transaction"], "t4");
+    assert_eq!(record["lines"].as_array().unwrap().len(), 2);
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap()
+            .contains("delivered the transaction again"),
+        "{record}"
+    );
+    node.shutdown();
+}
+
+#[test]
+fn snapshot_reads_of_existing_rows_are_upserts() {
+    let mut lines = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    // A re-snapshot sends row 1 again (changed meanwhile) and row 2, outside transactions.
+    let read = |id: i64, cents: i64| {
+        let line = txn_lines("x", &[Change::Insert(0, account(id, cents))])[1].clone();
+        edited(&line, |v| {
+            v["op"] = "r".into();
+            v["transaction"] = serde_json::Value::Null;
+            v["source"]["snapshot"] = "incremental".into();
+        })
+    };
+    lines.push(read(1, 555));
+    lines.push(read(2, 200));
+    lines.push(read(2, 200));
+    let (_dir, node, report) = replay_lines(&lines, OnError::Stop);
+    assert_eq!(
+        report.stopped_by,
+        None,
+        "{:?}",
+        node.handle().status().error()
+    );
+    let rows = visible(&node);
+    assert_eq!(rows[0].len(), 2);
+    assert_eq!(
+        rows[0][&vec![V::I(1)]][2],
+        V::I(555),
+        "the read replaced row 1"
+    );
+    node.shutdown();
+}
+
+#[test]
+fn postgres_txid_lsn_ids_replay() {
+    // Debezium 2.1+ Postgres ids: `txId:LSN`, the LSN differing at BEGIN, each event and END.
+    let t = txn_lines(
+        "t",
+        &[
+            Change::Insert(0, account(1, 100)),
+            Change::Insert(0, account(2, 200)),
+        ],
+    );
+    let mut lines = Vec::new();
+    for (i, line) in t.iter().enumerate() {
+        let id = format!("571:{}", 53_195_832 + 8 * i);
+        lines.push(edited(line, |v| {
+            if v.get("status").is_some() {
+                v["id"] = id.into();
+            } else {
+                v["transaction"]["id"] = id.into();
+                v["source"]["txId"] = 571.into();
+            }
+        }));
+    }
+    let (_dir, node, report) = replay_lines(&lines, OnError::Stop);
+    assert_eq!(
+        report.stopped_by,
+        None,
+        "{:?}",
+        node.handle().status().error()
+    );
+    assert_eq!((report.transactions, account_ids(&node)), (1, vec![1, 2]));
+    node.shutdown();
+}
+
+#[test]
+fn truncates_empty_every_shard_and_quiet_lines_are_skipped() {
+    let rows: Vec<Change> = (1..=20)
+        .map(|id| Change::Insert(0, account(id, id * 10)))
+        .collect();
+    let mut lines = txn_lines("t1", &rows);
+    lines.push(r#"{"ts_ms":1700000000000}"#.into());
+    lines.push(
+        r#"{"schema":{"type":"struct","name":"io.debezium.connector.common.Heartbeat"},"payload":{"ts_ms":1700000000001}}"#
+            .into(),
+    );
+    lines.push(
+        serde_json::json!({
+            "source": {"connector": "postgresql", "db": "bankdb", "schema": "bank", "table": "accounts"},
+            "ddl": "ALTER TABLE bank.accounts ADD COLUMN x int", "tableChanges": []
+        })
+        .to_string(),
+    );
+    // t2: a truncate of accounts, a logical message, then a new row, in one transaction.
+    let t2 = txn_lines(
+        "t2",
+        &[
+            Change::Insert(0, account(99, 1)),
+            Change::Insert(0, account(30, 300)),
+        ],
+    );
+    lines.push(t2[0].clone());
+    lines.push(edited(&t2[1], |v| {
+        v["op"] = "t".into();
+        v["after"] = serde_json::Value::Null;
+    }));
+    lines.push(
+        serde_json::json!({
+            "op": "m", "ts_ms": 1,
+            "source": {"connector": "postgresql", "db": "bankdb", "schema": "", "table": ""},
+            "message": {"prefix": "audit", "content": "aGk="},
+            "transaction": {"id": "t2", "total_order": 3, "data_collection_order": 1}
+        })
+        .to_string(),
+    );
+    lines.push(t2[2].clone());
+    lines.push(edited(&t2[3], |v| {
+        v["event_count"] = 3.into();
+        v["data_collections"] = serde_json::json!([
+            {"data_collection": "bank.accounts", "event_count": 2},
+            {"data_collection": "audit", "event_count": 1}
+        ]);
+    }));
+    let (_dir, node, report) = replay_lines(&lines, OnError::Stop);
+    assert_eq!(
+        report.stopped_by,
+        None,
+        "{:?}",
+        node.handle().status().error()
+    );
+    assert_eq!(account_ids(&node), [30], "the truncate reached both shards");
+    let status = node.handle().status();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        (
+            load(&status.heartbeats_skipped),
+            load(&status.messages_skipped),
+            load(&status.schema_changes_skipped)
+        ),
+        (2, 1, 1)
+    );
+    node.shutdown();
+}
+
 #[test]
 fn follow_mode_waits_for_a_character_split_across_writes() {
     use std::io::Write;

@@ -46,6 +46,10 @@ fn model(schemas: &[Arc<TableSchema>], txns: &[Txn]) -> Vec<Vec<String>> {
                     assert!(tables[t].remove(&key(t, before)).is_some());
                     assert!(tables[t].insert(key(t, after), after.clone()).is_none());
                 }
+                RowOp::Upsert(r) => {
+                    tables[t].insert(key(t, r), r.clone());
+                }
+                RowOp::Truncate => tables[t].clear(),
             }
         }
     }

@@ -203,6 +203,13 @@ impl Model {
                     );
                     Some(after)
                 }
+                // Snapshot reads (the initial load) are upserts.
+                RowOp::Upsert(row) => {
+                    schema.check_row(row).unwrap();
+                    self.tables[t].insert(key(&schema, row), row.clone());
+                    Some(row)
+                }
+                RowOp::Truncate => panic!("txn {n}: the workloads never truncate"),
                 RowOp::Delete(row) => {
                     let stored = self.tables[t].remove(&key(&schema, row));
                     assert_eq!(

@@ -127,6 +127,7 @@ fn duck(schema: &TableSchema, col: usize, v: &Value) -> Duck {
         (_, Value::Utf8(s)) => Duck::Text(s.clone()),
         (_, Value::Date(d)) => Duck::Date32(*d),
         (_, Value::Timestamp(t)) => Duck::Timestamp(TimeUnit::Microsecond, *t),
+        (_, Value::Time(t)) => Duck::Time64(TimeUnit::Microsecond, *t),
     }
 }
 

@@ -712,9 +712,13 @@ impl Collapsed {
         for op in txns.into_iter().flatten() {
             let t = op.table as usize;
             let (deleted, row, moved_from) = match op.op {
-                RowOp::Insert(row) => (false, row, None),
+                RowOp::Insert(row) | RowOp::Upsert(row) => (false, row, None),
                 RowOp::Update { before, after } => (false, after, Some(before)),
                 RowOp::Delete(row) => (true, row, None),
+                // Changes collapse per key; a truncate has none.
+                RowOp::Truncate => {
+                    panic!("the peers replay CH-benCHmark changes, which never truncate a table")
+                }
             };
             // An update that changes the key deletes the old one.
             if let Some(before) = moved_from {
