@@ -293,12 +293,20 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         let scan = retina_node::client::scan_service(scan_addr, "tok")
             .await
             .unwrap();
+        // Bitmap calls name a running query and read at its snapshot.
+        let c = retina_node::client::coordinator(addr, "tok").await.unwrap();
+        let q = retina_node::client::begin(&c).await.unwrap();
+        assert!(q.snapshot >= snapshot);
         let mut req = scan.bitmaps_request();
         req.get().set_file_id(file);
-        req.get().set_snapshot(snapshot.get());
-        let mut rgs = req.get().init_row_groups(2);
-        rgs.set(0, 0);
-        rgs.set(1, 1);
+        req.get().set_snapshot(q.snapshot.get());
+        req.get().set_query_id(q.id);
+        req.get().set_secret(q.secret);
+        // Each row group asked twice is answered once.
+        let mut rgs = req.get().init_row_groups(4);
+        for (i, g) in [0, 1, 1, 0].into_iter().enumerate() {
+            rgs.set(i as u32, g);
+        }
         let resp = req.send().promise.await.unwrap();
         let (mut rows, mut deleted) = (0, 0);
         match resp.get().unwrap().get_result().unwrap().which().unwrap() {
@@ -319,7 +327,9 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         }
         let mut req = scan.bitmaps_request();
         req.get().set_file_id(file + 1_000_000);
-        req.get().set_snapshot(snapshot.get());
+        req.get().set_snapshot(q.snapshot.get());
+        req.get().set_query_id(q.id);
+        req.get().set_secret(q.secret);
         let resp = req.send().promise.await.unwrap();
         let unknown = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
             retina_protocol::retina_capnp::bitmaps_result::Which::Error(e) => {
@@ -329,7 +339,10 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         };
         (rows, deleted, unknown)
     });
-    assert_eq!(rows_in_groups, 256, "two row groups of 128 rows");
+    assert_eq!(
+        rows_in_groups, 256,
+        "two row groups of 128 rows, each answered once"
+    );
     assert!(deleted > 0, "the first file holds deleted and updated rows");
     assert!(
         unknown.ends_with("is gone: ask for a new plan"),
