@@ -350,3 +350,74 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
     );
     node.shutdown();
 }
+
+#[test]
+fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog: Arc::new(
+            Catalog::from_ddl(
+                "CREATE TABLE public.w (id INT PRIMARY KEY, body TEXT);",
+                "w.sql",
+            )
+            .unwrap(),
+        ),
+        settings: Settings {
+            shards: 1,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+        await_source: false,
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    // 700 rows of 100 KB: one memory block of about 70 MB, more than Cap'n Proto's default
+    // 64 MiB a reader takes.
+    let txns: Vec<Vec<TableOp<Vec<Value>>>> = (0..700)
+        .map(|i| {
+            vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(vec![
+                    Value::Int(i),
+                    Value::Utf8(
+                        i.to_string()
+                            .repeat(100_000)
+                            .chars()
+                            .take(100_000)
+                            .collect(),
+                    ),
+                ]),
+            }]
+        })
+        .collect();
+    let ts = h.submit(&txns, &[]).unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(30)));
+    let addr = node.coordinator_addr().unwrap();
+    let lake = dir.path().join("data/lake");
+    let (rows, bytes) = client(addr, move |_| async move {
+        let store = retina_storage::file::local_store(&lake).unwrap();
+        let c = retina_node::client::coordinator(addr, "").await.unwrap();
+        let read = retina_node::client::read(&c, "", store.as_ref(), "public.w", None)
+            .await
+            .unwrap();
+        let types: Vec<_> = read.schema.columns().iter().map(|c| c.ty).collect();
+        let rows: Vec<Vec<Value>> = read
+            .batches
+            .iter()
+            .flat_map(|b| retina_storage::value::batch_rows(b, &types))
+            .collect();
+        let bytes: usize = rows
+            .iter()
+            .map(|r| match &r[1] {
+                Value::Utf8(s) => s.len(),
+                _ => 0,
+            })
+            .sum();
+        (rows.len(), bytes)
+    });
+    assert_eq!(rows, 700);
+    assert_eq!(bytes, 700 * 100_000);
+    node.shutdown();
+}
