@@ -980,7 +980,9 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(10));
     };
     let addr = node.scan_addrs()[0];
-    let snapshot = *ts.end();
+    let coordinator = node
+        .coordinator_addr()
+        .ok_or_else(|| anyhow::anyhow!("the bench node serves no queries"))?;
     let (mut latencies, per_second) =
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .io_memory(512 << 10)
@@ -988,10 +990,17 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
                 let scan = retina_node::client::scan_service(addr, "")
                     .await
                     .expect("scan service");
+                // Bitmap calls name a running query, read at its snapshot.
+                let c = retina_node::client::coordinator(coordinator, "")
+                    .await
+                    .expect("coordinator");
+                let q = retina_node::client::begin(&c).await.expect("a query");
                 let call = |rg: u32| {
                     let mut req = scan.bitmaps_request();
                     req.get().set_file_id(file);
-                    req.get().set_snapshot(snapshot);
+                    req.get().set_snapshot(q.snapshot.get());
+                    req.get().set_query_id(q.id);
+                    req.get().set_secret(q.secret);
                     req.get().init_row_groups(1).set(0, rg);
                     req.send().promise
                 };

@@ -21,7 +21,7 @@ use retina_protocol::retina_capnp::{
 };
 use retina_storage::file::{Projection, RowGroupInfo, filter_visible, get, read_visible};
 
-use crate::connection::{BufferPart, PartData, RowGroupBits};
+use crate::connection::{BufferPart, PartData, QueryInfo, RowGroupBits};
 use retina_storage::{TableSchema, Timestamp};
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +79,15 @@ pub enum Refusal {
     WrongService(String),
     #[error("node error: {0}")]
     Internal(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("too many queries: {0} run, the limit; end one first")]
+    TooManyQueries(u32),
+    #[error(
+        "the node restarted and is catching up: snapshot {snapshot} of the {target} queries \
+         saw before; try again shortly"
+    )]
+    CatchingUp { snapshot: u64, target: u64 },
     #[error("an error this client does not know ({0})")]
     Unknown(String),
 }
@@ -105,6 +114,12 @@ impl Refusal {
             Ok(error::Which::Unauthorized(())) => Refusal::Unauthorized,
             Ok(error::Which::WrongService(t)) => Refusal::WrongService(text(t)),
             Ok(error::Which::Internal(t)) => Refusal::Internal(text(t)),
+            Ok(error::Which::InvalidArgument(t)) => Refusal::InvalidArgument(text(t)),
+            Ok(error::Which::TooManyQueries(n)) => Refusal::TooManyQueries(n),
+            Ok(error::Which::CatchingUp(g)) => Refusal::CatchingUp {
+                snapshot: g.get_snapshot(),
+                target: g.get_target(),
+            },
             Err(e) => Refusal::Unknown(e.to_string()),
         }
     }
@@ -122,6 +137,11 @@ pub fn describe(e: error::Reader<'_>) -> String {
     Refusal::read(e).to_string()
 }
 
+/// Largest reply this client reads, in 8-byte words (Cap'n Proto's default, 64 MiB, is less than
+/// one shard's write buffer of a table with wide rows may take even in parts of
+/// `MAX_PART_BYTES`).
+pub const MAX_REPLY_WORDS: usize = 1 << 27;
+
 /// Bootstraps on `addr` and returns its bootstrap capability.
 pub async fn bootstrap(addr: SocketAddr) -> Result<bootstrap::Client, ClientError> {
     let stream =
@@ -133,7 +153,9 @@ pub async fn bootstrap(addr: SocketAddr) -> Result<bootstrap::Client, ClientErro
             })?;
     let _ = stream.set_nodelay(true);
     let (r, w) = stream.split();
-    let network = twoparty::VatNetwork::new(r, w, Side::Client, Default::default());
+    let mut options = capnp::message::ReaderOptions::new();
+    options.traversal_limit_in_words(Some(MAX_REPLY_WORDS));
+    let network = twoparty::VatNetwork::new(r, w, Side::Client, options);
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let boot: bootstrap::Client = rpc.bootstrap(Side::Server);
     glommio::spawn_local(async move {
@@ -180,13 +202,23 @@ pub struct TableRead {
     pub batches: Vec<RecordBatch>,
 }
 
-/// Begins a query: its id and snapshot.
-pub async fn begin(coordinator: &coordinator::Client) -> Result<(u64, Timestamp), ClientError> {
+/// Begins a query: its id, snapshot, lease and secret.
+pub async fn begin(coordinator: &coordinator::Client) -> Result<QueryInfo, ClientError> {
     let resp = coordinator.begin_query_request().send().promise.await?;
-    match resp.get()?.get_result()?.which()? {
+    query_info(resp.get()?.get_result()?)
+}
+
+/// A `QueryResult` as a [`QueryInfo`] or the refusal.
+pub(crate) fn query_info(r: query_result::Reader<'_>) -> Result<QueryInfo, ClientError> {
+    match r.which()? {
         query_result::Which::Ok(q) => {
             let q = q?;
-            Ok((q.get_id(), Timestamp::new(q.get_snapshot())?))
+            Ok(QueryInfo {
+                id: q.get_id(),
+                snapshot: Timestamp::new(q.get_snapshot())?,
+                lease_ms: q.get_lease_ms(),
+                secret: q.get_secret(),
+            })
         }
         query_result::Which::Error(e) => Err(refused(e)),
     }
@@ -211,12 +243,12 @@ pub async fn read(
     table: &str,
     projection: Projection<'_>,
 ) -> Result<TableRead, ClientError> {
-    let (id, snapshot) = begin(coordinator).await?;
-    let result = read_at(coordinator, token, store, table, id, projection).await;
-    end(coordinator, id).await?;
+    let query = begin(coordinator).await?;
+    let result = read_at(coordinator, token, store, table, &query, projection).await;
+    end(coordinator, query.id).await?;
     let (schema, batches) = result?;
     Ok(TableRead {
-        snapshot,
+        snapshot: query.snapshot,
         schema,
         batches,
     })
@@ -229,11 +261,11 @@ pub async fn read_at(
     token: &str,
     store: &dyn ObjectStore,
     table: &str,
-    query: u64,
+    query: &QueryInfo,
     projection: Projection<'_>,
 ) -> Result<(Arc<TableSchema>, Vec<RecordBatch>), ClientError> {
     let mut req = coordinator.scan_plan_request();
-    req.get().set_query_id(query);
+    req.get().set_query_id(query.id);
     req.get().set_table(table);
     let resp = req.send().promise.await?;
     let plan = match resp.get()?.get_result()?.which()? {
@@ -241,6 +273,12 @@ pub async fn read_at(
         scan_plan_result::Which::Error(e) => return Err(refused(e)),
     };
     let snapshot = Timestamp::new(plan.get_snapshot())?;
+    if snapshot != query.snapshot {
+        return Err(ClientError::BadPlan(format!(
+            "a plan at {snapshot} for query {} at {}",
+            query.id, query.snapshot
+        )));
+    }
     let (table_id, schema) = read_table(plan.get_table()?)?;
     let known: Vec<u64> = plan.get_files()?.iter().map(|f| f.get_file_id()).collect();
     let mut scans = HashMap::new();
@@ -251,7 +289,7 @@ pub async fn read_at(
         let owner = endpoint(f.get_owner()?.get_address()?.to_str()?)?;
         let scan = cached_scan_service(&mut scans, owner, token).await?;
         let all: Vec<u32> = (0..groups.len() as u32).collect();
-        let bits = bitmaps(&scan, f.get_file_id(), snapshot, &all).await?;
+        let bits = bitmaps(&scan, query, f.get_file_id(), &all).await?;
         let deleted = file_bitmap(&groups, &bits);
         let bytes = get(store, &Path::from(f.get_path()?.to_str()?)).await?;
         out.extend(read_visible(
@@ -261,7 +299,7 @@ pub async fn read_at(
     for e in plan.get_buffers()? {
         let addr = endpoint(e.get_address()?.to_str()?)?;
         let scan = cached_scan_service(&mut scans, addr, token).await?;
-        for part in write_buffer(&scan, table_id, snapshot, &known).await? {
+        for part in write_buffer(&scan, query, table_id, &known, &[]).await? {
             match part.data {
                 PartData::Memory(batches) => {
                     for batch in batches {
@@ -304,16 +342,18 @@ async fn cached_scan_service(
     Ok(s)
 }
 
-/// The bitmaps of `row_groups` of `file` at `snapshot`, from a scan service.
+/// The bitmaps of `row_groups` of `file` at `query`'s snapshot, from a scan service.
 pub async fn bitmaps(
     scan: &scan_service::Client,
+    query: &QueryInfo,
     file: u64,
-    snapshot: Timestamp,
     row_groups: &[u32],
 ) -> Result<Vec<RowGroupBits>, ClientError> {
     let mut req = scan.bitmaps_request();
     req.get().set_file_id(file);
-    req.get().set_snapshot(snapshot.get());
+    req.get().set_snapshot(query.snapshot.get());
+    req.get().set_query_id(query.id);
+    req.get().set_secret(query.secret);
     let mut list = req.get().init_row_groups(row_groups.len() as u32);
     for (i, g) in row_groups.iter().enumerate() {
         list.set(i as u32, *g);
@@ -334,20 +374,28 @@ pub async fn bitmaps(
     }
 }
 
-/// The write buffer of `table` at `snapshot` from a scan service, with the regular files it
-/// holds that are not in `known`.
+/// The write buffer of `table` at `query`'s snapshot from a scan service, with the regular
+/// files it holds that are not in `known`; memory parts hold `columns` (empty: all), then
+/// `_create_ts`.
 pub async fn write_buffer(
     scan: &scan_service::Client,
+    query: &QueryInfo,
     table: u32,
-    snapshot: Timestamp,
     known: &[u64],
+    columns: &[u16],
 ) -> Result<Vec<BufferPart>, ClientError> {
     let mut req = scan.write_buffer_request();
     req.get().set_table(table);
-    req.get().set_snapshot(snapshot.get());
+    req.get().set_snapshot(query.snapshot.get());
+    req.get().set_query_id(query.id);
+    req.get().set_secret(query.secret);
     let mut list = req.get().init_known_files(known.len() as u32);
     for (i, f) in known.iter().enumerate() {
         list.set(i as u32, *f);
+    }
+    let mut list = req.get().init_columns(columns.len() as u32);
+    for (i, c) in columns.iter().enumerate() {
+        list.set(i as u32, *c);
     }
     let resp = req.send().promise.await?;
     let parts = match resp.get()?.get_result()?.which()? {

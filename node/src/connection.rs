@@ -31,6 +31,8 @@ pub struct QueryInfo {
     pub id: u64,
     pub snapshot: Timestamp,
     pub lease_ms: u64,
+    /// Presented with the id to the scan services.
+    pub secret: u64,
 }
 
 /// A table as the node describes it.
@@ -105,16 +107,17 @@ enum Call {
     },
     Bitmaps {
         service: SocketAddr,
+        query: QueryInfo,
         file: u64,
-        snapshot: Timestamp,
         row_groups: Vec<u32>,
         reply: Reply<Vec<RowGroupBits>>,
     },
     Buffer {
         service: SocketAddr,
+        query: QueryInfo,
         table: u32,
-        snapshot: Timestamp,
         known: Vec<u64>,
+        columns: Vec<u16>,
         reply: Reply<Vec<BufferPart>>,
     },
 }
@@ -239,14 +242,14 @@ impl Connection {
     pub async fn bitmaps(
         &self,
         service: SocketAddr,
+        query: QueryInfo,
         file: u64,
-        snapshot: Timestamp,
         row_groups: Vec<u32>,
     ) -> Result<Vec<RowGroupBits>, ClientError> {
         self.call(|reply| Call::Bitmaps {
             service,
+            query,
             file,
-            snapshot,
             row_groups,
             reply,
         })
@@ -258,15 +261,17 @@ impl Connection {
     pub async fn write_buffer(
         &self,
         service: SocketAddr,
+        query: QueryInfo,
         table: u32,
-        snapshot: Timestamp,
         known: Vec<u64>,
+        columns: Vec<u16>,
     ) -> Result<Vec<BufferPart>, ClientError> {
         self.call(|reply| Call::Buffer {
             service,
+            query,
             table,
-            snapshot,
             known,
+            columns,
             reply,
         })
         .await
@@ -330,21 +335,31 @@ impl Worker {
             }
             Call::Bitmaps {
                 service,
+                query,
                 file,
-                snapshot,
                 row_groups,
                 reply,
             } => {
-                let _ = reply.send(self.bitmaps(service, file, snapshot, &row_groups).await);
+                let scan = self.scan(service).await;
+                let r = match scan {
+                    Ok(s) => client::bitmaps(&s, &query, file, &row_groups).await,
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
             }
             Call::Buffer {
                 service,
+                query,
                 table,
-                snapshot,
                 known,
+                columns,
                 reply,
             } => {
-                let _ = reply.send(self.buffer(service, table, snapshot, &known).await);
+                let r = match self.scan(service).await {
+                    Ok(s) => client::write_buffer(&s, &query, table, &known, &columns).await,
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
             }
         }
     }
@@ -356,14 +371,14 @@ impl Worker {
             .send()
             .promise
             .await?;
-        query_info(resp.get()?.get_result()?)
+        client::query_info(resp.get()?.get_result()?)
     }
 
     async fn renew(&self, id: u64) -> Result<QueryInfo, ClientError> {
         let mut req = self.coordinator.renew_lease_request();
         req.get().set_query_id(id);
         let resp = req.send().promise.await?;
-        query_info(resp.get()?.get_result()?)
+        client::query_info(resp.get()?.get_result()?)
     }
 
     /// Renews `q`'s lease at a third of its length until the query ends or a renewal fails.
@@ -449,42 +464,5 @@ impl Worker {
         let s = client::scan_service(addr, &self.token).await?;
         self.scans.borrow_mut().insert(addr, s.clone());
         Ok(s)
-    }
-
-    async fn bitmaps(
-        &self,
-        service: SocketAddr,
-        file: u64,
-        snapshot: Timestamp,
-        row_groups: &[u32],
-    ) -> Result<Vec<RowGroupBits>, ClientError> {
-        client::bitmaps(&self.scan(service).await?, file, snapshot, row_groups).await
-    }
-
-    async fn buffer(
-        &self,
-        service: SocketAddr,
-        table: u32,
-        snapshot: Timestamp,
-        known: &[u64],
-    ) -> Result<Vec<BufferPart>, ClientError> {
-        client::write_buffer(&self.scan(service).await?, table, snapshot, known).await
-    }
-}
-
-fn query_info(
-    r: retina_protocol::retina_capnp::query_result::Reader<'_>,
-) -> Result<QueryInfo, ClientError> {
-    use retina_protocol::retina_capnp::query_result::Which;
-    match r.which()? {
-        Which::Ok(q) => {
-            let q = q?;
-            Ok(QueryInfo {
-                id: q.get_id(),
-                snapshot: Timestamp::new(q.get_snapshot())?,
-                lease_ms: q.get_lease_ms(),
-            })
-        }
-        Which::Error(e) => Err(client::refused(e)),
     }
 }

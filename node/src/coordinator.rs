@@ -43,9 +43,23 @@ pub enum CoordinatorError {
 
 pub type QueryId = u64;
 
+/// Who began a query: a connection to the coordinator service, or [`LOCAL`].
+pub type Owner = u64;
+/// The node's own in-process API (`NodeHandle::begin_query`): trusted, not capped.
+pub const LOCAL: Owner = 0;
+/// Queries one connection may run at once; a client that keeps beginning queries is refused
+/// rather than growing the coordinator's state.
+pub const MAX_QUERIES_PER_CONNECTION: u32 = 256;
+/// Queries all connections together may run at once.
+pub const MAX_RUNNING_QUERIES: u32 = 16_384;
+
 /// Why a query could not begin.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BeginRefused {
+    #[error("the connection runs {limit} queries, its limit: end one first")]
+    ConnectionLimit { limit: u32 },
+    #[error("the node runs {limit} queries, its limit: end one first")]
+    NodeLimit { limit: u32 },
     /// After a restart, HWM is not yet back where queries saw it before, and the wait ran out.
     #[error(
         "the node restarted and is catching up: snapshot {snapshot} of the {target} queries \
@@ -56,6 +70,7 @@ pub enum BeginRefused {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Query {
+    owner: Owner,
     snapshot: Timestamp,
     lease_until_ms: u64,
     began_ms: u64,
@@ -131,6 +146,8 @@ pub struct CoordinatorState {
     /// The newest HWM persisted: a query may have seen up to it before a restart.
     shown_hwm: Hwm,
     queries: BTreeMap<QueryId, Query>,
+    /// Running queries per owner other than [`LOCAL`] (no entry: none).
+    per_owner: std::collections::HashMap<Owner, u32>,
     next_query: QueryId,
     checkpoint: Option<CheckpointRecord>,
     pending_checkpoint: Option<PendingCheckpoint>,
@@ -157,6 +174,7 @@ impl CoordinatorState {
             hwm,
             shown_hwm: persisted.hwm.max(hwm),
             queries: BTreeMap::new(),
+            per_owner: std::collections::HashMap::new(),
             next_query: 1,
             checkpoint: persisted.checkpoint,
             pending_checkpoint: None,
@@ -251,6 +269,14 @@ impl CoordinatorState {
     fn forget(&mut self, id: QueryId) -> bool {
         match self.queries.remove(&id) {
             Some(q) => {
+                if let std::collections::hash_map::Entry::Occupied(mut n) =
+                    self.per_owner.entry(q.owner)
+                {
+                    *n.get_mut() -= 1;
+                    if *n.get() == 0 {
+                        n.remove();
+                    }
+                }
                 if q.vis != VisCheckpoint::None {
                     self.vis_to_drop.push(id);
                 }
@@ -408,33 +434,80 @@ impl CoordinatorState {
         Ok(None)
     }
 
-    /// Begins a query at `snapshot = HWM - 1` with a lease until `now_ms + lease_ms`.
-    pub fn begin_query(&mut self, now_ms: u64, lease_ms: u64) -> (QueryId, Timestamp) {
+    /// Begins a query of `owner` at `snapshot = HWM - 1` with a lease until `now_ms +
+    /// lease_ms`, unless `owner` (other than [`LOCAL`]) or the node runs its limit of queries.
+    pub fn begin_query(
+        &mut self,
+        owner: Owner,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Result<(QueryId, Timestamp), BeginRefused> {
+        if owner != LOCAL {
+            let running = self.per_owner.get(&owner).copied().unwrap_or(0);
+            if running >= MAX_QUERIES_PER_CONNECTION {
+                return Err(BeginRefused::ConnectionLimit {
+                    limit: MAX_QUERIES_PER_CONNECTION,
+                });
+            }
+            let remote: u32 = self.per_owner.values().sum();
+            if remote >= MAX_RUNNING_QUERIES {
+                return Err(BeginRefused::NodeLimit {
+                    limit: MAX_RUNNING_QUERIES,
+                });
+            }
+            *self.per_owner.entry(owner).or_default() += 1;
+        }
         let id = self.next_query;
         self.next_query += 1;
         let snapshot = self.hwm.snapshot();
         self.queries.insert(
             id,
             Query {
+                owner,
                 snapshot,
                 lease_until_ms: now_ms + lease_ms,
                 began_ms: now_ms,
                 vis: VisCheckpoint::None,
             },
         );
-        (id, snapshot)
+        Ok((id, snapshot))
     }
 
-    /// Ends a query; false if it was unknown (ended, or its lease expired).
-    pub fn end_query(&mut self, id: QueryId) -> bool {
-        self.forget(id)
+    /// Ends `owner`'s query; false if it was unknown (ended, its lease expired, or another
+    /// owner's).
+    pub fn end_query(&mut self, owner: Owner, id: QueryId) -> bool {
+        self.queries.get(&id).is_some_and(|q| q.owner == owner) && self.forget(id)
     }
 
-    /// Extends a running query's lease and returns its snapshot; `None` if it was unknown.
-    pub fn renew_query(&mut self, id: QueryId, now_ms: u64, lease_ms: u64) -> Option<Timestamp> {
-        let q = self.queries.get_mut(&id)?;
+    /// Extends `owner`'s running query's lease and returns its snapshot; `None` if it was
+    /// unknown (or another owner's).
+    pub fn renew_query(
+        &mut self,
+        owner: Owner,
+        id: QueryId,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Option<Timestamp> {
+        let q = self.queries.get_mut(&id).filter(|q| q.owner == owner)?;
         q.lease_until_ms = now_ms + lease_ms;
         Some(q.snapshot)
+    }
+
+    /// `owner`'s connection closed: ends every query it began.
+    pub fn end_owner(&mut self, owner: Owner) -> Vec<QueryId> {
+        if owner == LOCAL || !self.per_owner.contains_key(&owner) {
+            return Vec::new();
+        }
+        let ended: Vec<QueryId> = self
+            .queries
+            .iter()
+            .filter(|(_, q)| q.owner == owner)
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &ended {
+            self.forget(id);
+        }
+        ended
     }
 
     /// Ends every query whose lease ran out, so a client that died cannot hold LWM back.
@@ -615,16 +688,16 @@ mod tests {
         let mut c = CoordinatorState::new(1, Persisted::default(), false);
         c.allocate(100).unwrap();
         c.applied(0, ts(10)).unwrap();
-        let (q1, s1) = c.begin_query(0, 1000);
+        let (q1, s1) = c.begin_query(LOCAL, 0, 1000).unwrap();
         assert_eq!(s1, ts(10));
         c.applied(0, ts(20)).unwrap();
-        let (q2, _) = c.begin_query(500, 1000);
+        let (q2, _) = c.begin_query(LOCAL, 500, 1000).unwrap();
         assert_eq!(c.lwm().get(), ts(10));
-        assert!(c.renew_query(q2, 900, 1000).is_some());
+        assert!(c.renew_query(LOCAL, q2, 900, 1000).is_some());
         assert_eq!(c.expire_queries(1000), vec![q1]);
         assert_eq!(c.lwm().get(), ts(20));
-        assert!(!c.end_query(q1), "an expired query is gone");
-        assert!(c.end_query(q2));
+        assert!(!c.end_query(LOCAL, q1), "an expired query is gone");
+        assert!(c.end_query(LOCAL, q2));
         c.applied(0, ts(30)).unwrap();
         assert_eq!(c.lwm().get(), ts(30));
     }
@@ -701,10 +774,10 @@ mod tests {
         c.allocate(100).unwrap();
         c.applied(0, ts(10)).unwrap();
         c.applied(1, ts(10)).unwrap();
-        let (long, s) = c.begin_query(0, 100_000);
+        let (long, s) = c.begin_query(LOCAL, 0, 100_000).unwrap();
         c.applied(0, ts(50)).unwrap();
         c.applied(1, ts(50)).unwrap();
-        let (short, _) = c.begin_query(4_000, 100_000);
+        let (short, _) = c.begin_query(LOCAL, 4_000, 100_000).unwrap();
         assert!(
             c.start_vis_checkpoints(4_000, 5_000).is_empty(),
             "not long yet"
@@ -720,16 +793,16 @@ mod tests {
         assert_eq!(c.lwm().get(), ts(50), "the short query holds LWM now");
         assert_eq!(c.retain_lwm().get(), s, "objects stay for the long query");
         assert_eq!(c.vis_checkpointed(), 1);
-        assert!(c.end_query(short));
+        assert!(c.end_query(LOCAL, short));
         assert!(c.take_vis_to_drop().is_empty());
-        assert!(c.end_query(long));
+        assert!(c.end_query(LOCAL, long));
         assert_eq!(c.take_vis_to_drop(), vec![long]);
         assert_eq!(c.retain_lwm().get(), ts(50));
         // A late confirmation for an ended query drops the copy again.
         assert!(!c.vis_checkpoint_done(long, true));
         assert_eq!(c.take_vis_to_drop(), vec![long]);
         // A shard that fails leaves the query holding LWM.
-        let (q, s2) = c.begin_query(10_000, 100_000);
+        let (q, s2) = c.begin_query(LOCAL, 10_000, 100_000).unwrap();
         c.applied(0, ts(60)).unwrap();
         c.applied(1, ts(60)).unwrap();
         assert_eq!(c.start_vis_checkpoints(20_000, 5_000), vec![(q, s2)]);
@@ -738,5 +811,41 @@ mod tests {
         assert_eq!(c.lwm().get(), s2);
         assert_eq!(c.expire_queries(1_000_000), vec![q]);
         assert_eq!(c.take_vis_to_drop(), vec![q]);
+    }
+
+    #[test]
+    fn queries_belong_to_their_connection_which_runs_a_bounded_number() {
+        let mut c = CoordinatorState::new(1, Persisted::default(), false);
+        c.allocate(10).unwrap();
+        c.applied(0, ts(5)).unwrap();
+        let (a, _) = c.begin_query(7, 0, 1000).unwrap();
+        assert_eq!(
+            c.renew_query(8, a, 10, 1000),
+            None,
+            "not connection 8's query"
+        );
+        assert!(!c.end_query(8, a), "connection 8 cannot end it");
+        assert!(c.renew_query(7, a, 10, 1000).is_some());
+        for _ in 1..MAX_QUERIES_PER_CONNECTION {
+            c.begin_query(7, 0, 1000).unwrap();
+        }
+        assert_eq!(
+            c.begin_query(7, 0, 1000),
+            Err(BeginRefused::ConnectionLimit {
+                limit: MAX_QUERIES_PER_CONNECTION
+            })
+        );
+        let (b, _) = c.begin_query(8, 0, 1000).unwrap();
+        assert!(c.end_query(7, a));
+        assert!(c.begin_query(7, 0, 1000).is_ok(), "room again after an end");
+        let ended = c.end_owner(7);
+        assert_eq!(ended.len(), MAX_QUERIES_PER_CONNECTION as usize);
+        assert!(!ended.contains(&b));
+        assert_eq!(c.running_queries(), 1, "connection 8's query runs on");
+        assert!(
+            c.begin_query(7, 0, 1000).is_ok(),
+            "a closed owner's count is gone"
+        );
+        assert!(c.end_query(8, b));
     }
 }

@@ -1352,11 +1352,18 @@ impl TxnAssembler {
     /// What identifies transaction `id` among applied ones: the id as the connector compares
     /// it ([`same_transaction`]), so Postgres's `txId` part alone; its LSN part may differ
     /// when the connector redelivers after its own restart.
+    /// A stand-alone event's id (its position) is kept whole.
     fn applied_key<'a>(&self, id: &'a str) -> &'a str {
-        if self.connector.as_deref() == Some(POSTGRES_CONNECTOR) {
-            postgres_txid(id)
-        } else {
-            id
+        let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        match id.split_once(':') {
+            Some((txid, lsn))
+                if self.connector.as_deref() == Some(POSTGRES_CONNECTOR)
+                    && numeric(txid)
+                    && numeric(lsn) =>
+            {
+                txid
+            }
+            _ => id,
         }
     }
 

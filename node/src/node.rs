@@ -32,8 +32,8 @@ use rkyv::util::AlignedVec;
 
 use crate::catalog::Catalog;
 use crate::coordinator::{
-    BeginRefused, CheckpointRecord, CoordinatorError, CoordinatorState, QueryId, SourceMark,
-    StateFile, checkpoint_dir,
+    BeginRefused, CheckpointRecord, CoordinatorError, CoordinatorState, LOCAL, Owner, QueryId,
+    SourceMark, StateFile, checkpoint_dir,
 };
 use crate::debezium::DecimalHandling;
 use crate::router::shard_of;
@@ -75,6 +75,18 @@ pub enum ShardMsg {
     VisCheckpoint { query: QueryId, snapshot: Timestamp },
     /// From the coordinator: query `query` ended; drop its visibility checkpoint, if any.
     DropVisCheckpoint { query: QueryId },
+    /// From the coordinator, before the query's begin is answered: the scan service may serve
+    /// `query` (presented with `secret`) at `snapshot`. The shard acknowledges on `ack` once
+    /// it does, so a client's first call after beginQuery finds the query here.
+    QueryBegun {
+        query: QueryId,
+        snapshot: Timestamp,
+        secret: u64,
+        ack: flume::Sender<()>,
+    },
+    /// From the coordinator: `query` ended (or its lease ran out, or its connection closed);
+    /// the scan service refuses it from now on. May overtake its `QueryBegun`.
+    QueryEnded { query: QueryId },
     /// From the I/O thread: a block flush finished.
     Flushed {
         table: TableId,
@@ -129,23 +141,29 @@ pub enum CoordMsg {
     /// From the sink: it replayed the source as far as it reached before this run, through
     /// `ts` (`None`: it cannot tell). Queries that waited may begin once HWM passes it.
     CaughtUp { ts: Option<Timestamp> },
-    /// From a reader: begin a query at the current snapshot. After a restart the reply waits
-    /// until HWM is back where queries saw it before.
+    /// From a reader (`owner`: its connection): begin a query at the current snapshot. After
+    /// a restart the reply waits until HWM is back where queries saw it before; it comes once
+    /// every shard's scan service knows the query.
     BeginQuery {
-        reply: flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>,
+        owner: Owner,
+        reply: flume::Sender<Result<QueryTicket, BeginRefused>>,
     },
-    /// From a reader: the query ended. The reply, if asked for, says whether it was still
-    /// running (its lease had not run out).
+    /// From a reader: `owner`'s query ended. The reply, if asked for, says whether it was
+    /// still running (its lease had not run out) and `owner`'s.
     EndQuery {
+        owner: Owner,
         id: QueryId,
         reply: Option<flume::Sender<bool>>,
     },
-    /// From a reader: extend the query's lease; the reply is its snapshot, or `None` if it
-    /// had ended or its lease ran out.
+    /// From a reader: extend `owner`'s query's lease; the reply is its ticket, or `None` if
+    /// it had ended, its lease ran out, or it is another owner's.
     RenewQuery {
+        owner: Owner,
         id: QueryId,
-        reply: flume::Sender<Option<Timestamp>>,
+        reply: flume::Sender<Option<QueryTicket>>,
     },
+    /// From the coordinator service: `owner`'s connection closed; its queries end.
+    ConnectionClosed { owner: Owner },
     /// From a shard: it combined a regular file of `table`; later scan plans list it.
     FileAdded { table: TableId, file: PlanFile },
     /// From a shard: storage GC replaced regular file `old` of `table` with `new` (none when no
@@ -163,8 +181,10 @@ pub enum CoordMsg {
         ok: bool,
     },
     /// From the coordinator service: a query's scan plan of `table`. Renews the query's lease;
-    /// the reply is `None` if the query had ended or its lease ran out.
+    /// the reply is `None` if the query had ended, its lease ran out, or it is another
+    /// owner's.
     Plan {
+        owner: Owner,
         id: QueryId,
         table: TableId,
         reply: flume::Sender<Option<(Timestamp, Vec<PlanFile>)>>,
@@ -173,6 +193,15 @@ pub enum CoordMsg {
     Tick,
     /// From the node: persist and stop.
     Stop { reply: flume::Sender<()> },
+}
+
+/// A running query as its beginner gets it: the scan services serve `id` at `snapshot` to
+/// whoever presents `secret`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct QueryTicket {
+    pub id: QueryId,
+    pub snapshot: Timestamp,
+    pub secret: u64,
 }
 
 /// The `file://` URL of the lake directory, which scan plans give readers.
@@ -635,6 +664,7 @@ impl Node {
                                 shards: to_shards,
                                 long_query_ms,
                                 query_wait,
+                                secrets: std::hash::RandomState::new(),
                             },
                             coord_rx,
                             tx,
@@ -959,22 +989,34 @@ impl NodeHandle {
     pub fn begin_query(&self) -> Result<(QueryId, Timestamp), NodeError> {
         let (tx, rx) = flume::bounded(1);
         self.coord
-            .send(CoordMsg::BeginQuery { reply: tx })
+            .send(CoordMsg::BeginQuery {
+                owner: LOCAL,
+                reply: tx,
+            })
             .map_err(|_| NodeError::Stopped)?;
-        Ok(rx.recv().map_err(|_| NodeError::Stopped)??)
+        let q = rx.recv().map_err(|_| NodeError::Stopped)??;
+        Ok((q.id, q.snapshot))
     }
 
     /// Extends a running query's lease; false if the query had ended or its lease ran out.
     pub fn renew_query(&self, id: QueryId) -> Result<bool, NodeError> {
         let (tx, rx) = flume::bounded(1);
         self.coord
-            .send(CoordMsg::RenewQuery { id, reply: tx })
+            .send(CoordMsg::RenewQuery {
+                owner: LOCAL,
+                id,
+                reply: tx,
+            })
             .map_err(|_| NodeError::Stopped)?;
         Ok(rx.recv().map_err(|_| NodeError::Stopped)?.is_some())
     }
 
     pub fn end_query(&self, id: QueryId) {
-        let _ = self.coord.send(CoordMsg::EndQuery { id, reply: None });
+        let _ = self.coord.send(CoordMsg::EndQuery {
+            owner: LOCAL,
+            id,
+            reply: None,
+        });
     }
 
     /// Every row of `table` visible at `ts`, from every shard, with the stored columns
@@ -1156,6 +1198,9 @@ struct Coordinator {
     long_query_ms: u64,
     /// How long a begin waits for HWM to catch up after a restart.
     query_wait: Duration,
+    /// The key of query secrets (random per run): a secret is a keyed hash of the query id,
+    /// which no client can compute.
+    secrets: std::hash::RandomState,
 }
 
 impl Coordinator {
@@ -1229,10 +1274,62 @@ impl Coordinator {
         }
     }
 
-    fn begin_query(&mut self, reply: flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>) {
-        let q = self.state.begin_query(now_ms(), self.lease_ms);
+    /// Begins `owner`'s query and answers once every shard's scan service knows it (from its
+    /// own task: the coordinator goes on meanwhile). Shards learn of it and of its end in the
+    /// order the coordinator sends, both from tasks it spawns in that order.
+    fn begin_query(
+        &mut self,
+        owner: Owner,
+        reply: flume::Sender<Result<QueryTicket, BeginRefused>>,
+    ) {
+        let (id, snapshot) = match self.state.begin_query(owner, now_ms(), self.lease_ms) {
+            Ok(q) => q,
+            Err(refused) => {
+                let _ = reply.send(Err(refused));
+                return;
+            }
+        };
         self.publish();
-        let _ = reply.send(Ok(q));
+        let secret = self.secret(id);
+        let shards = self.shards.clone();
+        glommio::spawn_local(async move {
+            let mut acks = Vec::with_capacity(shards.len());
+            for s in &shards {
+                let (ack, done) = flume::bounded(1);
+                let msg = ShardMsg::QueryBegun {
+                    query: id,
+                    snapshot,
+                    secret,
+                    ack,
+                };
+                if s.send_async(msg).await.is_ok() {
+                    acks.push(done);
+                }
+            }
+            for done in acks {
+                let _ = done.recv_async().await;
+            }
+            let _ = reply.send(Ok(QueryTicket {
+                id,
+                snapshot,
+                secret,
+            }));
+        })
+        .detach();
+    }
+
+    /// Query `id`'s secret.
+    fn secret(&self, id: QueryId) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.secrets, id)
+    }
+
+    /// Tells every shard's scan service that `ended` queries ended.
+    fn queries_ended(&mut self, ended: Vec<QueryId>) {
+        for query in ended {
+            self.to_shards(None, move || ShardMsg::QueryEnded { query });
+        }
+        self.long_queries();
+        self.publish();
     }
 }
 
@@ -1255,8 +1352,8 @@ async fn coordinator_main(
     let mut dirty = false;
     // Queries that began before HWM was back where a query saw it before the restart.
     // Each waits at most `query_wait_ms`, then is refused with a typed error.
-    type BeginReply = flume::Sender<Result<(QueryId, Timestamp), BeginRefused>>;
-    let mut waiting: Vec<(BeginReply, Instant)> = Vec::new();
+    type BeginReply = flume::Sender<Result<QueryTicket, BeginRefused>>;
+    let mut waiting: Vec<(Owner, BeginReply, Instant)> = Vec::new();
     while let Ok(msg) = rx.recv_async().await {
         match msg {
             CoordMsg::Allocate { n, reply } => {
@@ -1343,15 +1440,28 @@ async fn coordinator_main(
                     let _ = std::fs::remove_dir_all(&dir);
                 }
             }
-            CoordMsg::BeginQuery { reply } => {
+            CoordMsg::BeginQuery { owner, reply } => {
                 if c.state.ready() {
-                    c.begin_query(reply);
+                    c.begin_query(owner, reply);
                 } else {
-                    waiting.push((reply, Instant::now() + c.query_wait));
+                    waiting.push((owner, reply, Instant::now() + c.query_wait));
                 }
             }
-            CoordMsg::RenewQuery { id, reply } => {
-                let _ = reply.send(c.state.renew_query(id, now_ms(), c.lease_ms));
+            CoordMsg::RenewQuery { owner, id, reply } => {
+                let ticket = c
+                    .state
+                    .renew_query(owner, id, now_ms(), c.lease_ms)
+                    .map(|snapshot| QueryTicket {
+                        id,
+                        snapshot,
+                        secret: c.secret(id),
+                    });
+                let _ = reply.send(ticket);
+            }
+            CoordMsg::ConnectionClosed { owner } => {
+                waiting.retain(|(o, _, _)| *o != owner);
+                let ended = c.state.end_owner(owner);
+                c.queries_ended(ended);
             }
             CoordMsg::FileAdded { table, file } => {
                 c.files.entry(table).or_default().insert(file.file, file);
@@ -1383,10 +1493,15 @@ async fn coordinator_main(
                 c.long_queries();
                 c.publish();
             }
-            CoordMsg::Plan { id, table, reply } => {
+            CoordMsg::Plan {
+                owner,
+                id,
+                table,
+                reply,
+            } => {
                 let plan = c
                     .state
-                    .renew_query(id, now_ms(), c.lease_ms)
+                    .renew_query(owner, id, now_ms(), c.lease_ms)
                     .map(|snapshot| {
                         let listed = c
                             .files
@@ -1397,25 +1512,24 @@ async fn coordinator_main(
                     });
                 let _ = reply.send(plan);
             }
-            CoordMsg::EndQuery { id, reply } => {
-                let running = c.state.end_query(id);
+            CoordMsg::EndQuery { owner, id, reply } => {
+                let running = c.state.end_query(owner, id);
                 if let Some(reply) = reply {
                     let _ = reply.send(running);
                 }
-                c.long_queries();
-                c.publish();
+                c.queries_ended(if running { vec![id] } else { Vec::new() });
             }
             CoordMsg::Tick => {
                 let now = Instant::now();
-                waiting.retain(|(reply, deadline)| {
+                waiting.retain(|(_, reply, deadline)| {
                     if now < *deadline {
                         return true;
                     }
                     let _ = reply.send(Err(c.state.catching_up()));
                     false
                 });
-                c.state.expire_queries(now_ms());
-                c.long_queries();
+                let expired = c.state.expire_queries(now_ms());
+                c.queries_ended(expired);
                 // Files storage GC replaced leave the plans once no query may read them.
                 let oldest = c.state.retain_lwm().get();
                 for files in c.files.values_mut() {
@@ -1433,8 +1547,8 @@ async fn coordinator_main(
             }
         }
         if !waiting.is_empty() && c.state.ready() {
-            for (reply, _) in std::mem::take(&mut waiting) {
-                c.begin_query(reply);
+            for (owner, reply, _) in std::mem::take(&mut waiting) {
+                c.begin_query(owner, reply);
             }
         }
     }
@@ -1562,6 +1676,10 @@ struct ShardContext {
 }
 
 async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<ShardMsg>) {
+    // The running queries the scan service serves: on this core only, shared with the service.
+    let queries = std::rc::Rc::new(std::cell::RefCell::new(
+        crate::rpc::RunningQueries::default(),
+    ));
     if let Some(fd) = ctx.scan_listener {
         // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
         let listener =
@@ -1569,6 +1687,8 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
         glommio::spawn_local(crate::rpc::serve_scan(
             listener,
             ctx.own.clone(),
+            ctx.catalog.clone(),
+            queries.clone(),
             ctx.auth_token.clone(),
         ))
         .detach();
@@ -1655,6 +1775,16 @@ async fn shard_main(ctx: ShardContext, mut shard: Shard, rx: flume::Receiver<Sha
                     .await;
             }
             ShardMsg::DropVisCheckpoint { query } => vis.remove(query),
+            ShardMsg::QueryBegun {
+                query,
+                snapshot,
+                secret,
+                ack,
+            } => {
+                queries.borrow_mut().begun(query, snapshot, secret);
+                let _ = ack.send(());
+            }
+            ShardMsg::QueryEnded { query } => queries.borrow_mut().ended(query),
             ShardMsg::Rewritten { table, job, result } => {
                 on_rewritten(&ctx, &mut shard, table, job, result).await
             }

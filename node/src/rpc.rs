@@ -2,8 +2,12 @@
 //! the coordinator's executor: a client bootstraps with the auth token, then begins, renews and
 //! ends queries, lists tables and asks for scan plans. Each shard's scan service runs beside
 //! the shard on its core and answers bitmaps and write buffers. Each call is a message to the
-//! actor, so no service holds state of its own.
+//! actor. A coordinator connection is the owner of the queries it begins; a scan service
+//! serves only running queries, which the coordinator tells each shard of
+//! ([`RunningQueries`]), presented with their secret.
 
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -14,12 +18,27 @@ use retina_protocol::query::write_table;
 use retina_protocol::retina_capnp::{bootstrap, coordinator, scan_service};
 
 use crate::catalog::Catalog;
+use crate::coordinator::{BeginRefused, Owner, QueryId};
 use crate::node::CoordMsg;
+use retina_storage::{StorageError, Timestamp};
 
-/// Largest message a client may send, in 8-byte words (Cap'n Proto's traversal limit).
-const TRAVERSAL_LIMIT_WORDS: usize = 8 << 20;
+/// Largest message a client may send, in 8-byte words (Cap'n Proto's traversal limit): every
+/// request fits in far less (the largest, 65,536 known files, is 512 KiB); a connection that
+/// sends more is closed.
+const TRAVERSAL_LIMIT_WORDS: usize = 1 << 20;
 /// Deepest nesting a message may have.
 const NESTING_LIMIT: i32 = 64;
+/// Connections one port serves at once; further ones are closed as they come.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Row groups one `bitmaps` call may name (duplicates are answered once).
+pub const MAX_ROW_GROUPS_PER_CALL: u32 = 65_536;
+/// Known files one `writeBuffer` call may list.
+pub const MAX_KNOWN_FILES: u32 = 65_536;
+/// Bytes of a table name `scanPlan` accepts.
+pub const MAX_TABLE_NAME_BYTES: usize = 1024;
+/// Bytes of Arrow data in one memory part: a larger block goes out as several parts (each far
+/// below Cap'n Proto's 512 MiB limit on one `Data`).
+pub const MAX_PART_BYTES: usize = 16 << 20;
 
 /// Serves the coordinator on an already bound listener until the executor stops.
 pub async fn serve(
@@ -31,18 +50,38 @@ pub async fn serve(
     shards: Vec<SocketAddr>,
     store_url: String,
 ) {
-    let coordinator: coordinator::Client = capnp_rpc::new_client(CoordinatorService {
-        coord,
+    let shared = Rc::new(CoordinatorShared {
+        coord: coord.clone(),
         catalog,
         lease_ms,
         shards,
         store_url,
     });
-    let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
-        service: Service::Coordinator(coordinator),
-        auth_token,
-    });
-    accept_loop(listener, bootstrap, "coordinator service").await;
+    // Owner 0 is the node's own API: connections count from 1.
+    let next_owner = Cell::new(crate::coordinator::LOCAL + 1);
+    let make = move || {
+        let owner = next_owner.get();
+        next_owner.set(owner + 1);
+        let coordinator: coordinator::Client = capnp_rpc::new_client(CoordinatorService {
+            shared: shared.clone(),
+            owner,
+        });
+        let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
+            service: Service::Coordinator(coordinator),
+            auth_token: auth_token.clone(),
+        });
+        let coord = coord.clone();
+        // Its queries end with the connection (waiting for room in the coordinator's queue:
+        // a close is never lost).
+        let closed = move || {
+            glommio::spawn_local(async move {
+                let _ = coord.send_async(CoordMsg::ConnectionClosed { owner }).await;
+            })
+            .detach();
+        };
+        (bootstrap, Some(Box::new(closed) as Box<dyn FnOnce()>))
+    };
+    accept_loop(listener, make, "coordinator service").await;
 }
 
 /// Whether a node may listen on `addr` without a token: only on loopback.
@@ -130,7 +169,8 @@ impl bootstrap::Server for Bootstrap {
     }
 }
 
-struct CoordinatorService {
+/// What every connection's coordinator service shares.
+struct CoordinatorShared {
     coord: flume::Sender<CoordMsg>,
     catalog: Arc<Catalog>,
     lease_ms: u64,
@@ -138,6 +178,19 @@ struct CoordinatorService {
     shards: Vec<SocketAddr>,
     /// Where the plan's paths are.
     store_url: String,
+}
+
+/// One connection's coordinator service: the owner of the queries begun on it.
+struct CoordinatorService {
+    shared: Rc<CoordinatorShared>,
+    owner: Owner,
+}
+
+impl std::ops::Deref for CoordinatorService {
+    type Target = CoordinatorShared;
+    fn deref(&self) -> &CoordinatorShared {
+        &self.shared
+    }
 }
 
 fn stopped() -> capnp::Error {
@@ -152,24 +205,30 @@ impl coordinator::Server for CoordinatorService {
     ) -> Result<(), capnp::Error> {
         let (tx, rx) = flume::bounded(1);
         self.coord
-            .send_async(CoordMsg::BeginQuery { reply: tx })
+            .send_async(CoordMsg::BeginQuery {
+                owner: self.owner,
+                reply: tx,
+            })
             .await
             .map_err(|_| stopped())?;
-        let (id, snapshot) = match rx.recv_async().await.map_err(|_| stopped())? {
-            Ok(q) => q,
-            Err(refused) => {
-                results
-                    .get()
-                    .init_result()
-                    .init_error()
-                    .set_internal(refused.to_string());
-                return Ok(());
+        let result = results.get().init_result();
+        match rx.recv_async().await.map_err(|_| stopped())? {
+            Ok(t) => {
+                let mut q = result.init_ok();
+                q.set_id(t.id);
+                q.set_snapshot(t.snapshot.get());
+                q.set_lease_ms(self.lease_ms);
+                q.set_secret(t.secret);
             }
-        };
-        let mut q = results.get().init_result().init_ok();
-        q.set_id(id);
-        q.set_snapshot(snapshot.get());
-        q.set_lease_ms(self.lease_ms);
+            Err(BeginRefused::ConnectionLimit { limit } | BeginRefused::NodeLimit { limit }) => {
+                result.init_error().set_too_many_queries(limit)
+            }
+            Err(BeginRefused::CatchingUp { snapshot, target }) => {
+                let mut e = result.init_error().init_catching_up();
+                e.set_snapshot(snapshot);
+                e.set_target(target);
+            }
+        }
         Ok(())
     }
 
@@ -182,6 +241,7 @@ impl coordinator::Server for CoordinatorService {
         let (tx, rx) = flume::bounded(1);
         self.coord
             .send_async(CoordMsg::EndQuery {
+                owner: self.owner,
                 id,
                 reply: Some(tx),
             })
@@ -205,16 +265,21 @@ impl coordinator::Server for CoordinatorService {
         let id = params.get()?.get_query_id();
         let (tx, rx) = flume::bounded(1);
         self.coord
-            .send_async(CoordMsg::RenewQuery { id, reply: tx })
+            .send_async(CoordMsg::RenewQuery {
+                owner: self.owner,
+                id,
+                reply: tx,
+            })
             .await
             .map_err(|_| stopped())?;
         let r = results.get().init_result();
         match rx.recv_async().await.map_err(|_| stopped())? {
-            Some(snapshot) => {
+            Some(t) => {
                 let mut q = r.init_ok();
                 q.set_id(id);
-                q.set_snapshot(snapshot.get());
+                q.set_snapshot(t.snapshot.get());
                 q.set_lease_ms(self.lease_ms);
+                q.set_secret(t.secret);
             }
             None => r.init_error().set_lease_expired(id),
         }
@@ -232,8 +297,24 @@ impl coordinator::Server for CoordinatorService {
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let id = p.get_query_id();
-        let name = p.get_table()?.to_str()?.to_owned();
+        let name = p.get_table()?;
         let result = results.get().init_result();
+        if name.len() > MAX_TABLE_NAME_BYTES {
+            result.init_error().set_invalid_argument(format!(
+                "a table name of {} bytes: at most {MAX_TABLE_NAME_BYTES}",
+                name.len()
+            ));
+            return Ok(());
+        }
+        let name = match name.to_str() {
+            Ok(n) => n.to_owned(),
+            Err(_) => {
+                result
+                    .init_error()
+                    .set_invalid_argument("the table name is not UTF-8");
+                return Ok(());
+            }
+        };
         let Some(table) = self.catalog.resolve(&name) else {
             result.init_error().set_unknown_table(&name);
             return Ok(());
@@ -241,6 +322,7 @@ impl coordinator::Server for CoordinatorService {
         let (tx, rx) = flume::bounded(1);
         self.coord
             .send_async(CoordMsg::Plan {
+                owner: self.owner,
                 id,
                 table,
                 reply: tx,
@@ -301,25 +383,38 @@ impl coordinator::Server for CoordinatorService {
 }
 
 /// Serves one shard's scan service on `listener`, beside the shard on its core: each call is
-/// a message to the shard, answered from its own state.
+/// checked against the running queries, then a message to the shard, answered from its state.
 pub async fn serve_scan(
     listener: glommio::net::TcpListener,
     shard: flume::Sender<crate::node::ShardMsg>,
+    catalog: Arc<Catalog>,
+    queries: Rc<RefCell<RunningQueries>>,
     auth_token: Option<String>,
 ) {
-    let scan: scan_service::Client = capnp_rpc::new_client(ScanService { shard });
+    let scan: scan_service::Client = capnp_rpc::new_client(ScanService {
+        shard,
+        catalog,
+        queries,
+    });
     let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
         service: Service::Scan(scan),
         auth_token,
     });
-    accept_loop(listener, bootstrap, "scan service").await;
+    let make = move || (bootstrap.clone(), None);
+    accept_loop(listener, make, "scan service").await;
 }
 
+/// Called once when a connection ends.
+type OnClose = Option<Box<dyn FnOnce()>>;
+
+/// Serves each accepted connection with the bootstrap `make` returns for it (and calls its
+/// `OnClose` when it ends), at most [`MAX_CONNECTIONS`] at once.
 async fn accept_loop(
     listener: glommio::net::TcpListener,
-    bootstrap: bootstrap::Client,
+    mut make: impl FnMut() -> (bootstrap::Client, OnClose),
     what: &'static str,
 ) {
+    let open = Rc::new(Cell::new(0usize));
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -328,6 +423,11 @@ async fn accept_loop(
                 continue;
             }
         };
+        if open.get() >= MAX_CONNECTIONS {
+            tracing::warn!("{what}: {MAX_CONNECTIONS} connections are open: closing a new one");
+            drop(stream);
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         let (reader, writer) = stream.split();
         let mut options = capnp::message::ReaderOptions::new();
@@ -339,45 +439,115 @@ async fn accept_loop(
             capnp_rpc::rpc_twoparty_capnp::Side::Server,
             options,
         );
-        let system = RpcSystem::new(Box::new(network), Some(bootstrap.clone().client));
+        let (bootstrap, on_close) = make();
+        let system = RpcSystem::new(Box::new(network), Some(bootstrap.client));
+        open.set(open.get() + 1);
+        let open = open.clone();
         glommio::spawn_local(async move {
             if let Err(e) = system.await {
                 tracing::debug!("{what}: a connection ended: {e}");
+            }
+            open.set(open.get() - 1);
+            if let Some(f) = on_close {
+                f();
             }
         })
         .detach();
     }
 }
 
+/// The queries a shard's scan service serves, as the coordinator told the shard: each with
+/// its snapshot and secret. Lives on the shard's core; bounded by the coordinator's limits on
+/// running queries.
+#[derive(Default)]
+pub struct RunningQueries {
+    running: HashMap<QueryId, (Timestamp, u64)>,
+    /// Ended queries whose `QueryBegun` has not come yet (an end may overtake it): it is then
+    /// dropped. An entry leaves when that message comes.
+    ended_early: HashSet<QueryId>,
+}
+
+impl RunningQueries {
+    pub fn begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        if !self.ended_early.remove(&query) {
+            self.running.insert(query, (snapshot, secret));
+        }
+    }
+
+    pub fn ended(&mut self, query: QueryId) {
+        if self.running.remove(&query).is_none() {
+            self.ended_early.insert(query);
+        }
+    }
+
+    /// The snapshot of running query `query` if `secret` is its secret.
+    pub fn snapshot(&self, query: QueryId, secret: u64) -> Option<Timestamp> {
+        self.running
+            .get(&query)
+            .filter(|(_, s)| *s == secret)
+            .map(|(ts, _)| *ts)
+    }
+}
+
 struct ScanService {
     shard: flume::Sender<crate::node::ShardMsg>,
+    catalog: Arc<Catalog>,
+    queries: Rc<RefCell<RunningQueries>>,
+}
+
+/// Why a scan call is refused before it reaches the shard.
+enum Refused {
+    Invalid(String),
+    /// The query id: not running, or presented with a wrong secret.
+    NotRunning(u64),
+}
+
+impl Refused {
+    fn write(self, mut b: retina_protocol::retina_capnp::error::Builder<'_>) {
+        match self {
+            Refused::Invalid(text) => b.set_invalid_argument(text),
+            Refused::NotRunning(id) => b.set_lease_expired(id),
+        }
+    }
 }
 
 impl ScanService {
-    async fn snapshot(
-        &self,
-        table: u32,
-        ts: u64,
-        except: Vec<retina_storage::FileId>,
-    ) -> Result<retina_storage::Result<retina_storage::TableSnapshot>, capnp::Error> {
-        let ts =
-            retina_storage::Timestamp::new(ts).map_err(|e| capnp::Error::failed(e.to_string()))?;
-        let (tx, rx) = flume::bounded(1);
-        self.shard
-            .send_async(crate::node::ShardMsg::Snapshot {
-                table,
-                ts,
-                except,
-                reply: tx,
-            })
-            .await
-            .map_err(|_| stopped())?;
-        rx.recv_async().await.map_err(|_| stopped())
+    /// The snapshot a call may read: a timestamp, and the snapshot of the running query it
+    /// names.
+    fn admit(&self, query: u64, secret: u64, snapshot: u64) -> Result<Timestamp, Refused> {
+        let ts = Timestamp::new(snapshot)
+            .map_err(|e| Refused::Invalid(format!("snapshot {snapshot}: {e}")))?;
+        let theirs = self
+            .queries
+            .borrow()
+            .snapshot(query, secret)
+            .ok_or(Refused::NotRunning(query))?;
+        if theirs != ts {
+            return Err(Refused::Invalid(format!(
+                "snapshot {snapshot} is not query {query}'s snapshot {theirs}"
+            )));
+        }
+        Ok(ts)
     }
 }
 
 fn words(bitmap: &[u64]) -> Vec<u8> {
     bitmap.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Bits `start..start + len` of `bitmap` as a bitmap of their own.
+fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
+    let mut out = vec![0u64; len.div_ceil(64) as usize];
+    for i in 0..len {
+        let at = start + i;
+        let set = bitmap
+            .get((at / 64) as usize)
+            .is_some_and(|w| w >> (at % 64) & 1 == 1);
+        if set {
+            out[(i / 64) as usize] |= 1 << (i % 64);
+        }
+    }
+    out
 }
 
 impl scan_service::Server for ScanService {
@@ -387,14 +557,34 @@ impl scan_service::Server for ScanService {
         mut results: scan_service::BitmapsResults,
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
-        let ts = retina_storage::Timestamp::new(p.get_snapshot())
-            .map_err(|e| capnp::Error::failed(e.to_string()))?;
+        let list = p.get_row_groups()?;
+        let admitted = self
+            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .and_then(|ts| {
+                if list.len() > MAX_ROW_GROUPS_PER_CALL {
+                    return Err(Refused::Invalid(format!(
+                        "{} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call",
+                        list.len()
+                    )));
+                }
+                Ok(ts)
+            });
+        let ts = match admitted {
+            Ok(ts) => ts,
+            Err(r) => {
+                r.write(results.get().init_result().init_error());
+                return Ok(());
+            }
+        };
+        let mut row_groups: Vec<u32> = list.iter().collect();
+        row_groups.sort_unstable();
+        row_groups.dedup();
         let (tx, rx) = flume::bounded(1);
         self.shard
             .send_async(crate::node::ShardMsg::Bitmaps {
                 file: retina_storage::FileId(p.get_file_id()),
                 ts,
-                row_groups: p.get_row_groups()?.iter().collect(),
+                row_groups,
                 reply: tx,
             })
             .await
@@ -410,8 +600,9 @@ impl scan_service::Server for ScanService {
                     b.set_deleted(&words(&g.deleted));
                 }
             }
-            Err(retina_storage::StorageError::UnknownFile(id)) => {
-                result.init_error().set_unknown_file(id)
+            Err(StorageError::UnknownFile(id)) => result.init_error().set_unknown_file(id),
+            Err(e @ StorageError::OffsetOutOfRange { .. }) => {
+                result.init_error().set_invalid_argument(e.to_string())
             }
             Err(e) => retina_protocol::query::write_error(result.init_error(), &e),
         }
@@ -424,14 +615,63 @@ impl scan_service::Server for ScanService {
         mut results: scan_service::WriteBufferResults,
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
-        let known = p
-            .get_known_files()?
-            .iter()
-            .map(retina_storage::FileId)
-            .collect();
-        let snapshot = self
-            .snapshot(p.get_table(), p.get_snapshot(), known)
-            .await?;
+        let known_list = p.get_known_files()?;
+        let column_list = p.get_columns()?;
+        let table = p.get_table();
+        let admitted = self
+            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .and_then(|ts| {
+                if known_list.len() > MAX_KNOWN_FILES {
+                    return Err(Refused::Invalid(format!(
+                        "{} known files: at most {MAX_KNOWN_FILES}",
+                        known_list.len()
+                    )));
+                }
+                let Some(schema) = self.catalog.get(table) else {
+                    // The shard answers unknownTable.
+                    return Ok((ts, None));
+                };
+                let columns = schema.columns().len();
+                let mut seen = vec![false; columns];
+                let mut projection = Vec::with_capacity(column_list.len() as usize);
+                for c in column_list.iter() {
+                    let c = usize::from(c);
+                    if c >= columns || std::mem::replace(&mut seen[c], true) {
+                        return Err(Refused::Invalid(format!(
+                            "column {c} of {}: not a column, or named twice",
+                            schema.name()
+                        )));
+                    }
+                    projection.push(c);
+                }
+                if projection.is_empty() {
+                    return Ok((ts, None));
+                }
+                projection.push(schema.create_ts_index());
+                Ok((ts, Some(projection)))
+            });
+        let (ts, projection) = match admitted {
+            Ok(a) => a,
+            Err(r) => {
+                r.write(results.get().init_result().init_error());
+                return Ok(());
+            }
+        };
+        let mut known: Vec<_> = known_list.iter().map(retina_storage::FileId).collect();
+        // Sorted, so the shard finds each file by binary search.
+        known.sort_unstable();
+        known.dedup();
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(crate::node::ShardMsg::Snapshot {
+                table,
+                ts,
+                except: known,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        let snapshot = rx.recv_async().await.map_err(|_| stopped())?;
         let result = results.get().init_result();
         let snap = match snapshot {
             Ok(s) => s,
@@ -440,22 +680,85 @@ impl scan_service::Server for ScanService {
                 return Ok(());
             }
         };
-        let mut list = result.init_ok(snap.parts.len() as u32);
-        for (i, part) in snap.parts.iter().enumerate() {
-            let mut b = list.reborrow().get(i as u32);
-            b.set_file_id(part.file.0);
-            b.set_offset(part.offset);
-            b.set_rows(part.rows);
-            b.set_deleted(&words(&part.deleted));
+        // Memory blocks as Arrow IPC in pieces of at most MAX_PART_BYTES.
+        let mut parts = Vec::with_capacity(snap.parts.len());
+        for part in &snap.parts {
             match &part.data {
-                retina_storage::BlockData::Memory(batch) => b.set_memory(&ipc_bytes(batch)?),
-                retina_storage::BlockData::Object(path) => b.set_path(path.as_ref()),
+                retina_storage::BlockData::Memory(batch) => {
+                    let batch = match &projection {
+                        Some(p) => batch
+                            .project(p)
+                            .map_err(|e| capnp::Error::failed(e.to_string()))?,
+                        None => batch.clone(),
+                    };
+                    for (start, len, ipc) in ipc_pieces(&batch, MAX_PART_BYTES)? {
+                        let deleted = bits(&part.deleted, start, len);
+                        parts.push((part.file, part.offset + start, len, deleted, Ok(ipc)));
+                    }
+                }
+                retina_storage::BlockData::Object(path) => parts.push((
+                    part.file,
+                    part.offset,
+                    part.rows,
+                    part.deleted.clone(),
+                    Err(path.as_ref().to_owned()),
+                )),
+            }
+        }
+        let mut list = result.init_ok(parts.len() as u32);
+        for (i, (file, offset, rows, deleted, data)) in parts.iter().enumerate() {
+            let mut b = list.reborrow().get(i as u32);
+            b.set_file_id(file.0);
+            b.set_offset(*offset);
+            b.set_rows(*rows);
+            b.set_deleted(&words(deleted));
+            match data {
+                Ok(ipc) => b.set_memory(ipc),
+                Err(path) => b.set_path(path),
             }
         }
         Ok(())
     }
 }
 
+/// `batch` as Arrow IPC streams of at most `max_bytes` each where a row allows: `(first row,
+/// rows, bytes)`, halving a piece until it fits.
+fn ipc_pieces(
+    batch: &arrow::record_batch::RecordBatch,
+    max_bytes: usize,
+) -> Result<Vec<(u64, u64, Vec<u8>)>, capnp::Error> {
+    // A first cut from the in-memory size, so a huge block is not encoded whole first.
+    let rows = batch.num_rows();
+    let estimate = batch.get_array_memory_size();
+    let pieces = estimate.div_ceil(max_bytes).clamp(1, rows.max(1));
+    let step = rows.div_ceil(pieces).max(1);
+    let mut todo: Vec<(usize, usize)> = (0..rows)
+        .step_by(step)
+        .map(|s| (s, step.min(rows - s)))
+        .rev()
+        .collect();
+    if rows == 0 {
+        todo.push((0, 0));
+    }
+    let mut out = Vec::new();
+    while let Some((start, len)) = todo.pop() {
+        let bytes = ipc_bytes(&batch.slice(start, len))?;
+        if bytes.len() > max_bytes && len > 1 {
+            let half = len / 2;
+            todo.push((start + half, len - half));
+            todo.push((start, half));
+            continue;
+        }
+        if bytes.len() >= (1 << 29) {
+            return Err(capnp::Error::failed(format!(
+                "a row of {} bytes is over Cap'n Proto's limit on one Data",
+                bytes.len()
+            )));
+        }
+        out.push((start as u64, len as u64, bytes));
+    }
+    Ok(out)
+}
 /// A batch as an Arrow IPC stream.
 fn ipc_bytes(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<u8>, capnp::Error> {
     let mut out = Vec::new();
@@ -467,4 +770,53 @@ fn ipc_bytes(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<u8>, capnp:
         .map_err(|e| capnp::Error::failed(e.to_string()))?;
     drop(w);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::record_batch::RecordBatch;
+
+    #[test]
+    fn a_large_block_goes_out_in_bounded_pieces_that_cover_it_once() {
+        let rows = 300;
+        let text: Vec<String> = (0..rows).map(|i| format!("{i:0>1000}")).collect();
+        let batch = RecordBatch::try_from_iter([
+            (
+                "v",
+                Arc::new(StringArray::from(text)) as arrow::array::ArrayRef,
+            ),
+            (
+                "_create_ts",
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)) as _,
+            ),
+        ])
+        .unwrap();
+        let max = 64 << 10;
+        let pieces = ipc_pieces(&batch, max).unwrap();
+        assert!(pieces.len() >= 4, "{} pieces", pieces.len());
+        let mut next = 0;
+        for (start, len, bytes) in &pieces {
+            assert_eq!(*start, next, "pieces are contiguous");
+            assert!(bytes.len() <= max, "{} bytes", bytes.len());
+            let back: Vec<RecordBatch> =
+                arrow::ipc::reader::StreamReader::try_new(&bytes[..], None)
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+            let back = arrow::compute::concat_batches(&batch.schema(), &back).unwrap();
+            assert_eq!(back, batch.slice(*start as usize, *len as usize));
+            next += len;
+        }
+        assert_eq!(next, rows as u64);
+    }
+
+    #[test]
+    fn a_piece_s_bitmap_is_its_rows_bits() {
+        let bitmap = [0b1010u64 | 1 << 63, 0b1];
+        assert_eq!(bits(&bitmap, 1, 3), vec![0b101]);
+        assert_eq!(bits(&bitmap, 63, 2), vec![0b11]);
+        assert_eq!(bits(&bitmap, 64, 70), vec![1, 0]);
+    }
 }

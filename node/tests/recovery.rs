@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use retina_node::catalog::Catalog;
+use retina_node::client::{ClientError, Refusal};
 use retina_node::coordinator::SourceMark;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
@@ -161,7 +164,8 @@ fn start_with(dir: &std::path::Path, ddl: &str, query_wait_ms: u64) -> Result<No
             query_wait_ms,
             ..Settings::default()
         },
-        listen: None,
+        // Loopback without a token: the contract's clients may ask too.
+        listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
     })
@@ -198,6 +202,22 @@ fn a_query_that_cannot_catch_up_is_refused_within_its_wait() {
     assert!(
         err.contains("catching up: snapshot 11 of the 12 queries saw before"),
         "{err}"
+    );
+    // Through the contract, the refusal is typed.
+    let addr = node.coordinator_addr().unwrap();
+    let refused = common::on_executor(move || async move {
+        let c = retina_node::client::coordinator(addr, "").await.unwrap();
+        retina_node::client::begin(&c).await.map(|q| q.id)
+    });
+    assert!(
+        matches!(
+            refused,
+            Err(ClientError::Refused(Refusal::CatchingUp {
+                snapshot: 11,
+                target: 12
+            }))
+        ),
+        "{refused:?}"
     );
     node.shutdown();
 }

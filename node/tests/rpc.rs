@@ -293,12 +293,20 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         let scan = retina_node::client::scan_service(scan_addr, "tok")
             .await
             .unwrap();
+        // Bitmap calls name a running query and read at its snapshot.
+        let c = retina_node::client::coordinator(addr, "tok").await.unwrap();
+        let q = retina_node::client::begin(&c).await.unwrap();
+        assert!(q.snapshot >= snapshot);
         let mut req = scan.bitmaps_request();
         req.get().set_file_id(file);
-        req.get().set_snapshot(snapshot.get());
-        let mut rgs = req.get().init_row_groups(2);
-        rgs.set(0, 0);
-        rgs.set(1, 1);
+        req.get().set_snapshot(q.snapshot.get());
+        req.get().set_query_id(q.id);
+        req.get().set_secret(q.secret);
+        // Each row group asked twice is answered once.
+        let mut rgs = req.get().init_row_groups(4);
+        for (i, g) in [0, 1, 1, 0].into_iter().enumerate() {
+            rgs.set(i as u32, g);
+        }
         let resp = req.send().promise.await.unwrap();
         let (mut rows, mut deleted) = (0, 0);
         match resp.get().unwrap().get_result().unwrap().which().unwrap() {
@@ -319,7 +327,9 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         }
         let mut req = scan.bitmaps_request();
         req.get().set_file_id(file + 1_000_000);
-        req.get().set_snapshot(snapshot.get());
+        req.get().set_snapshot(q.snapshot.get());
+        req.get().set_query_id(q.id);
+        req.get().set_secret(q.secret);
         let resp = req.send().promise.await.unwrap();
         let unknown = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
             retina_protocol::retina_capnp::bitmaps_result::Which::Error(e) => {
@@ -329,11 +339,85 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         };
         (rows, deleted, unknown)
     });
-    assert_eq!(rows_in_groups, 256, "two row groups of 128 rows");
+    assert_eq!(
+        rows_in_groups, 256,
+        "two row groups of 128 rows, each answered once"
+    );
     assert!(deleted > 0, "the first file holds deleted and updated rows");
     assert!(
         unknown.ends_with("is gone: ask for a new plan"),
         "{unknown}"
     );
+    node.shutdown();
+}
+
+#[test]
+fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        catalog: Arc::new(
+            Catalog::from_ddl(
+                "CREATE TABLE public.w (id INT PRIMARY KEY, body TEXT);",
+                "w.sql",
+            )
+            .unwrap(),
+        ),
+        settings: Settings {
+            shards: 1,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+        await_source: false,
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    // 700 rows of 100 KB: one memory block of about 70 MB, more than Cap'n Proto's default
+    // 64 MiB a reader takes.
+    let txns: Vec<Vec<TableOp<Vec<Value>>>> = (0..700)
+        .map(|i| {
+            vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(vec![
+                    Value::Int(i),
+                    Value::Utf8(
+                        i.to_string()
+                            .repeat(100_000)
+                            .chars()
+                            .take(100_000)
+                            .collect(),
+                    ),
+                ]),
+            }]
+        })
+        .collect();
+    let ts = h.submit(&txns, &[]).unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(30)));
+    let addr = node.coordinator_addr().unwrap();
+    let lake = dir.path().join("data/lake");
+    let (rows, bytes) = client(addr, move |_| async move {
+        let store = retina_storage::file::local_store(&lake).unwrap();
+        let c = retina_node::client::coordinator(addr, "").await.unwrap();
+        let read = retina_node::client::read(&c, "", store.as_ref(), "public.w", None)
+            .await
+            .unwrap();
+        let types: Vec<_> = read.schema.columns().iter().map(|c| c.ty).collect();
+        let rows: Vec<Vec<Value>> = read
+            .batches
+            .iter()
+            .flat_map(|b| retina_storage::value::batch_rows(b, &types))
+            .collect();
+        let bytes: usize = rows
+            .iter()
+            .map(|r| match &r[1] {
+                Value::Utf8(s) => s.len(),
+                _ => 0,
+            })
+            .sum();
+        (rows.len(), bytes)
+    });
+    assert_eq!(rows, 700);
+    assert_eq!(bytes, 700 * 100_000);
     node.shutdown();
 }

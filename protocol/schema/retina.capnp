@@ -32,6 +32,17 @@ struct Error {
     unauthorized @7 :Void;        # a missing or wrong auth token
     wrongService @8 :Text;        # e.g. a scan service asked on the coordinator's port
     internal @9 :Text;            # a bug or an I/O failure on the node; the text says which
+    invalidArgument @10 :Text;    # an argument out of range (a snapshot that is not a timestamp
+                                  # or not the query's, a row group or column the table does not
+                                  # have, a list over its bound); the text names it
+    tooManyQueries @11 :UInt32;   # this connection (or the node) runs this many queries, its
+                                  # limit: end one first
+    catchingUp :group {
+      # The node restarted and its HWM is not yet back at the snapshot queries saw before it
+      # stopped; the begin waited query_wait_ms for it. Try again shortly.
+      snapshot @12 :UInt64;       # the newest snapshot it could hand out now
+      target @13 :UInt64;         # the snapshot it waits for
+    }
   }
 }
 
@@ -68,6 +79,8 @@ struct Query {
   id @0 :UInt64;
   snapshot @1 :UInt64;   # HWM - 1 when the query began
   leaseMs @2 :UInt64;    # renew before this many milliseconds pass
+  secret @3 :UInt64;     # presented with the id to the scan services; only the connection
+                         # that began the query may renew, end or plan it
 }
 
 struct RowGroup {
@@ -172,6 +185,9 @@ interface Bootstrap {
   scanService @1 (authToken :Text) -> (result :ScanServiceResult);
 }
 
+# A query belongs to the connection that began it: renewLease, endQuery and scanPlan on any
+# other connection answer leaseExpired, and its queries end when it closes. A connection runs at
+# most 256 queries at once, the node 16,384 (tooManyQueries beyond).
 interface Coordinator {
   beginQuery @0 () -> (result :QueryResult);
   endQuery @1 (queryId :UInt64) -> (result :Done);
@@ -181,11 +197,20 @@ interface Coordinator {
 }
 
 # One per shard, beside it on its core.
+#
+# Every call names a running query (`queryId` and `secret` from beginQuery) and reads at that
+# query's snapshot only: a query that ended or whose lease ran out is refused with leaseExpired,
+# another snapshot with invalidArgument. Lists are bounded: at most 65,536 row groups per
+# bitmaps call (duplicates are answered once), 65,536 known files; a memory part's Arrow data
+# is at most 16 MiB (a larger block comes as several parts, each with its own offset, rows and
+# bitmap).
 interface ScanService {
   # Bitmaps of a regular file's row groups at a snapshot.
-  bitmaps @0 (fileId :UInt64, snapshot :UInt64, rowGroups :List(UInt32)) -> (result :BitmapsResult);
+  bitmaps @0 (fileId :UInt64, snapshot :UInt64, rowGroups :List(UInt32), queryId :UInt64, secret :UInt64) -> (result :BitmapsResult);
   # The shard's write buffer of a table at a snapshot. `knownFiles` are the regular files the
   # plan listed; a file this shard combined after the plan was made is returned as a part by
   # path, so that no row is missed or read twice.
-  writeBuffer @1 (table :UInt32, snapshot :UInt64, knownFiles :List(UInt64)) -> (result :BufferResult);
+  # `columns` (positions in the table, empty: all) projects memory parts' Arrow data to those
+  # columns, in that order, then `_create_ts`.
+  writeBuffer @1 (table :UInt32, snapshot :UInt64, knownFiles :List(UInt64), queryId :UInt64, secret :UInt64, columns :List(UInt16)) -> (result :BufferResult);
 }

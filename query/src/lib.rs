@@ -58,6 +58,11 @@ impl Snapshot {
     pub fn id(&self) -> u64 {
         self.info.id
     }
+
+    /// The query as the scan services are shown it.
+    pub fn info(&self) -> QueryInfo {
+        self.info
+    }
 }
 
 impl std::fmt::Debug for Snapshot {

@@ -129,6 +129,7 @@ impl TableProvider for RetinaTable {
 
         // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
         let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
+        let query = self.snapshot.info();
         let bitmaps = try_join_all(plan.files.iter().map(|f| async move {
             let groups: Vec<u32> = (0..f.row_groups.len() as u32)
                 .filter(|&g| f.row_groups[g as usize].min_create_ts <= snapshot.get())
@@ -136,12 +137,11 @@ impl TableProvider for RetinaTable {
             if !check || groups.is_empty() {
                 return Ok(Vec::new());
             }
-            conn.bitmaps(f.owner, f.file, snapshot, groups).await
+            conn.bitmaps(f.owner, query, f.file, groups).await
         }));
-        let buffers =
-            try_join_all(plan.buffers.iter().map(|&service| {
-                conn.write_buffer(service, plan.table.id, snapshot, known.clone())
-            }));
+        let buffers = try_join_all(plan.buffers.iter().map(|&service| {
+            conn.write_buffer(service, query, plan.table.id, known.clone(), Vec::new())
+        }));
         let (bitmaps, buffers) = futures::try_join!(bitmaps, buffers).map_err(external)?;
 
         let units = units(&plan.files, &bitmaps, snapshot, check);
@@ -153,7 +153,13 @@ impl TableProvider for RetinaTable {
         let (straddling, whole): (Vec<Unit>, Vec<Unit>) =
             units.into_iter().partition(|u| check && u.straddles);
         let (masked, plain): (Vec<Unit>, Vec<Unit>) = whole.into_iter().partition(|u| u.masked);
-        let scan = |units: Vec<Unit>, parts: usize, columns: Vec<usize>, tagged: bool| {
+        // `limit` only where every row read is returned: not before a filter on `_create_ts`
+        // or on deleted rows.
+        let scan = |units: Vec<Unit>,
+                    parts: usize,
+                    columns: Vec<usize>,
+                    tagged: bool,
+                    limit: Option<usize>| {
             parquet_scan(
                 state,
                 &url,
@@ -164,7 +170,7 @@ impl TableProvider for RetinaTable {
                 &file_schema,
                 predicate.clone(),
                 columns,
-                if tagged { None } else { limit },
+                limit,
                 tagged,
             )
         };
@@ -189,7 +195,13 @@ impl TableProvider for RetinaTable {
             ((partitions as u64 * rows).div_ceil(total) as usize).max(1)
         };
         if !plain.is_empty() {
-            inputs.push(scan(plain, share(plain_rows), projection.clone(), false)?);
+            inputs.push(scan(
+                plain,
+                share(plain_rows),
+                projection.clone(),
+                false,
+                limit,
+            )?);
         }
         if !masked.is_empty() {
             // Row groups with deleted rows: read with the file's index (a partition column)
@@ -205,7 +217,7 @@ impl TableProvider for RetinaTable {
             let n = file_schema.fields().len();
             let mut columns = projection.clone();
             columns.extend([n, n + 1]);
-            let input = scan(masked, share(masked_rows), columns, true)?;
+            let input = scan(masked, share(masked_rows), columns, true, None)?;
             let visible = not_deleted(state, bitmaps, &input, projection.len())?;
             let filtered = Arc::new(FilterExec::try_new(visible, input)?);
             inputs.push(project_out(filtered)?);
@@ -216,7 +228,7 @@ impl TableProvider for RetinaTable {
             let ts = schema.create_ts_index();
             let mut columns = projection.clone();
             columns.push(ts);
-            let input = scan(straddling, 1, columns, false)?;
+            let input = scan(straddling, 1, columns, false, None)?;
             let at_or_before = created_by(snapshot, projection.len());
             let filtered = Arc::new(FilterExec::try_new(at_or_before, input)?);
             inputs.push(project_out(filtered)?);

@@ -619,8 +619,8 @@ impl Shard {
         self.snapshot_except(table, snapshot, &[])
     }
 
-    /// [`Self::snapshot`] without the regular files in `known` (a query reads those by their
-    /// row groups, from the coordinator's plan).
+    /// [`Self::snapshot`] without the regular files in `known`, sorted (a query reads those by
+    /// their row groups, from the coordinator's plan).
     pub fn snapshot_except(
         &self,
         table: TableId,
@@ -639,6 +639,10 @@ impl Shard {
         known: &[FileId],
         image: Option<&VisibilityImage>,
     ) -> Result<TableSnapshot> {
+        assert!(
+            known.is_sorted(),
+            "known files are sorted, to be found by binary search"
+        );
         self.check_snapshot(snapshot, image)?;
         let t = self.table(table)?;
         let mut parts = Vec::new();
@@ -708,13 +712,14 @@ impl Shard {
     /// a rewritten file older snapshots cannot read.
     fn serves(t: &TableState, id: FileId, snapshot: Timestamp, known: &[FileId]) -> bool {
         let entry = &t.files[&id];
-        if known.contains(&id) || snapshot < entry.min_snapshot {
+        let known = |f: &FileId| known.binary_search(f).is_ok();
+        if known(&id) || snapshot < entry.min_snapshot {
             return false;
         }
         // Files it replaced, and files that replaced it, that the query reads already.
         let mut older = entry.replaces;
         while let Some(f) = older {
-            if known.contains(&f) {
+            if known(&f) {
                 return false;
             }
             older = t.files.get(&f).and_then(|e| e.replaces);
@@ -725,7 +730,7 @@ impl Shard {
                 return false;
             }
             let Some(by) = s.by else { break };
-            if known.contains(&by) {
+            if known(&by) {
                 return false;
             }
             newer = t.files.get(&by).and_then(|e| e.superseded);

@@ -489,3 +489,74 @@ fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() 
     });
     node.shutdown();
 }
+
+#[test]
+fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let insert = |from: i64, to: i64| {
+        let txns: Vec<Vec<_>> = (from..to)
+            .map(|n| {
+                vec![TableOp {
+                    table: 1,
+                    op: RowOp::Insert(vec![
+                        Value::Int(n),
+                        Value::Int(n % 3),
+                        Value::Int(n % 5),
+                        Value::Int(n),
+                    ]),
+                }]
+            })
+            .collect();
+        let ts = h.submit(&txns, &[]).unwrap();
+        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        insert(0, 100);
+        let old = retina.begin().await.unwrap();
+        insert(100, 1200);
+        // Wait until every shard's first file is combined: its row groups straddle the old
+        // snapshot (old rows first, newer ones after them).
+        let s = old.snapshot().get();
+        let start = Instant::now();
+        loop {
+            let plan = retina
+                .connection()
+                .plan(old.query_id(), "bank.ledger")
+                .await
+                .unwrap();
+            let owners: std::collections::BTreeSet<_> = plan
+                .files
+                .iter()
+                .filter(|f| {
+                    f.row_groups
+                        .iter()
+                        .any(|g| g.min_create_ts <= s && g.max_create_ts > s)
+                })
+                .map(|f| f.owner)
+                .collect();
+            if owners.len() == 2 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no straddling file on every shard"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for n in [100, 99, 60, 1] {
+            let rows = ints(
+                &old.collect(&format!("SELECT n FROM bank.ledger LIMIT {n}"))
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(rows.len(), n, "LIMIT {n}");
+            assert!(rows.iter().all(|r| r[0] < 100), "only rows at the snapshot");
+        }
+    });
+    node.shutdown();
+}

@@ -571,7 +571,7 @@ fn snapshot_reads_of_existing_rows_are_upserts() {
         node.handle().status().error()
     );
     let rows = visible(&node);
-    assert_eq!(rows[0].len(), 2);
+    assert_eq!(rows[0].len(), 2, "{report:?} {rows:?}");
     assert_eq!(
         rows[0][&vec![V::I(1)]][2],
         V::I(555),
