@@ -388,6 +388,11 @@ impl CoordinatorState {
         None
     }
 
+    /// Whether a checkpoint is on its way through the shards (begun, not yet recorded).
+    pub fn checkpoint_pending(&self) -> bool {
+        self.pending_checkpoint.is_some()
+    }
+
     /// The checkpoint is durable: a restart starts from it. Returns the one it replaced.
     pub fn checkpoint_recorded(&mut self, record: CheckpointRecord) -> Option<CheckpointRecord> {
         self.pending_checkpoint = None;

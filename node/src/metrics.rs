@@ -97,7 +97,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 22] = [
+    let metrics: [(&str, &str, &str, String); 23] = [
         (
             "retina_hwm",
             "gauge",
@@ -230,11 +230,30 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "1 when the source reached its end.",
             flag(s.source_done.load(Ordering::Relaxed)),
         ),
+        (
+            "retina_checkpoint_in_progress",
+            "gauge",
+            "1 while a checkpoint is on its way through the shards.",
+            flag(s.checkpoint_in_progress.load(Ordering::Relaxed)),
+        ),
     ];
     for (name, kind, help, value) in metrics {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP retina_io_in_flight Lake writes the I/O thread has in hand, by kind.\n\
+         # TYPE retina_io_in_flight gauge"
+    );
+    for kind in crate::node::IoKind::ALL {
+        let _ = writeln!(
+            out,
+            "retina_io_in_flight{{kind=\"{}\"}} {}",
+            kind.name(),
+            s.io_in_flight[kind as usize].load(Ordering::Relaxed)
         );
     }
     let _ = writeln!(

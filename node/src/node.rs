@@ -264,6 +264,49 @@ enum IoRequest {
     },
 }
 
+/// What a lake write is, for [`NodeStatus::io_in_flight`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum IoKind {
+    /// A write-buffer block flushed as a small Parquet object.
+    Flush,
+    /// Flushed blocks combined into a file.
+    Combine,
+    /// A file storage GC rewrote without its dead rows.
+    Rewrite,
+    /// Retired objects deleted.
+    Delete,
+}
+
+impl IoKind {
+    pub const ALL: [IoKind; 4] = [
+        IoKind::Flush,
+        IoKind::Combine,
+        IoKind::Rewrite,
+        IoKind::Delete,
+    ];
+
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoKind::Flush => "flush",
+            IoKind::Combine => "combine",
+            IoKind::Rewrite => "rewrite",
+            IoKind::Delete => "delete",
+        }
+    }
+}
+
+impl IoRequest {
+    fn kind(&self) -> IoKind {
+        match self {
+            IoRequest::Flush { .. } => IoKind::Flush,
+            IoRequest::Combine { .. } => IoKind::Combine,
+            IoRequest::Rewrite { .. } => IoKind::Rewrite,
+            IoRequest::Delete { .. } => IoKind::Delete,
+        }
+    }
+}
+
 /// I/O requests that may wait for the I/O thread before a shard's timer tick blocks.
 const IO_QUEUE: usize = 1024;
 /// Messages that may wait for the coordinator.
@@ -320,6 +363,10 @@ pub struct NodeStatus {
     pub source_done: AtomicBool,
     /// The timestamp of the transaction a shard refused (0: none); replay stopped before it.
     pub failed_ts: AtomicU64,
+    /// Lake writes the I/O thread has in hand, by kind (see [`IoKind`]).
+    pub io_in_flight: [AtomicU64; IoKind::ALL.len()],
+    /// Whether a checkpoint is on its way through the shards (begun, not yet recorded).
+    pub checkpoint_in_progress: AtomicBool,
     error: Mutex<Option<String>>,
 }
 
@@ -532,9 +579,10 @@ impl Node {
             let store = store.clone();
             let config = settings.storage();
             let lake: Arc<std::path::Path> = lake.clone().into();
+            let status = status.clone();
             std::thread::Builder::new()
                 .name("retina-io".into())
-                .spawn(move || io_main(io_rx, store, config, lake))
+                .spawn(move || io_main(io_rx, store, config, lake, status))
                 .map_err(|e| NodeError::Executor {
                     what: "the I/O thread".into(),
                     reason: e.to_string(),
@@ -1546,6 +1594,9 @@ async fn coordinator_main(
                 break;
             }
         }
+        c.status
+            .checkpoint_in_progress
+            .store(c.state.checkpoint_pending(), Ordering::Relaxed);
         if !waiting.is_empty() && c.state.ready() {
             for (owner, reply, _) in std::mem::take(&mut waiting) {
                 c.begin_query(owner, reply);
@@ -2161,6 +2212,7 @@ fn io_main(
     store: Arc<dyn ObjectStore>,
     config: retina_storage::StorageConfig,
     lake: Arc<std::path::Path>,
+    status: Arc<NodeStatus>,
 ) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -2170,9 +2222,13 @@ fn io_main(
             let store = store.clone();
             let config = config.clone();
             let lake = lake.clone();
+            let status = status.clone();
+            let kind = req.kind() as usize;
+            status.io_in_flight[kind].fetch_add(1, Ordering::Relaxed);
             // Encoding Parquet is CPU work: keep it off the thread that polls I/O.
             tokio::task::spawn_blocking(move || {
-                futures::executor::block_on(handle_io(req, store.as_ref(), &config, &lake))
+                futures::executor::block_on(handle_io(req, store.as_ref(), &config, &lake));
+                status.io_in_flight[kind].fetch_sub(1, Ordering::Relaxed);
             });
         }
     });
@@ -2243,10 +2299,17 @@ async fn handle_io(
             job,
             reply,
         } => {
+            // A rewrite that keeps no row writes no object: nothing to sync.
             let result = file::rewrite_file(store, &schema, config, &job)
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|f| sync_object(lake, &job.target).map(|()| f));
+                .and_then(|f| {
+                    if f.groups.is_empty() {
+                        Ok(f)
+                    } else {
+                        sync_object(lake, &job.target).map(|()| f)
+                    }
+                });
             let _ = reply
                 .send_async(ShardMsg::Rewritten { table, job, result })
                 .await;

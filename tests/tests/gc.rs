@@ -233,3 +233,59 @@ fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
     assert!(status.error().is_none(), "{:?}", status.error());
     node.shutdown();
 }
+
+/// Storage GC of files whose every row was deleted writes nothing and drops them (a rewrite
+/// keeping no row has no object to make durable).
+#[test]
+fn files_whose_rows_are_all_deleted_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let node = Node::start(NodeOptions {
+        data_dir: data.clone(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 2,
+            gc_interval_ms: 20,
+            checkpoint_interval_ms: 0,
+            ..Settings::default()
+        },
+        listen: None,
+        auth_token: None,
+        await_source: false,
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    let status = h.status().clone();
+    let row = |id: i64| vec![Value::Int(id), Value::Int(0)];
+    let ops = |op: fn(Vec<Value>) -> RowOp<Vec<Value>>| -> Vec<_> {
+        (0..ROWS)
+            .map(|i| TableOp {
+                table: 0,
+                op: op(row(i)),
+            })
+            .collect()
+    };
+    submit(&h, ops(RowOp::Insert));
+    wait_for("combined files", 20, || lake_files(&data).len() >= 14);
+    submit(&h, ops(RowOp::Delete));
+    wait_for("storage GC of every file", 20, || {
+        status.files_rewritten.load(Ordering::Acquire) >= 14
+    });
+    // The next transaction moves the watermarks past the rewrite: no query can read the dead
+    // files any more.
+    submit(
+        &h,
+        vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(row(ROWS)),
+        }],
+    );
+    wait_for("the dead files to go", 20, || lake_files(&data).is_empty());
+    assert_eq!(status.error(), None);
+    node.shutdown();
+}
