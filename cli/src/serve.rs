@@ -123,7 +123,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             let (bound, thread) = retina_node::metrics::serve(addr, current, stop.clone())
                 .with_context(|| format!("serving metrics on {addr}"))?;
             tracing::info!("metrics on http://{bound}/metrics");
-            Some(thread)
+            Some((bound, thread))
         }
         None => None,
     };
@@ -219,8 +219,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let hwm = node.handle().status().hwm();
     node.shutdown();
-    if let Some(m) = metrics {
-        let _ = m.join();
+    if let Some((bound, thread)) = metrics {
+        retina_node::metrics::stop(bound, thread);
     }
     tracing::info!("stopped at HWM {}", hwm.get());
     Ok(())

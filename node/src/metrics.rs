@@ -10,43 +10,53 @@ use std::time::{Duration, Instant};
 
 use crate::node::NodeStatus;
 
-/// How often the server looks for a connection or a stop, and samples rows/s.
-const POLL: Duration = Duration::from_millis(50);
 /// Largest request head read before answering.
 const MAX_REQUEST_BYTES: usize = 8 << 10;
 
-/// Serves `/metrics` (any path) on `addr` until `stop`, reading the status `status` gives
-/// (a node restarted in the same process has a new one). Returns the bound address.
+/// Serves `/metrics` (any path) on `addr` until [`stop`], reading the status `status` gives
+/// (a node restarted in the same process has a new one). Returns the bound address. Each
+/// request is answered as it arrives (the thread blocks in `accept`).
 pub fn serve(
     addr: SocketAddr,
     status: impl Fn() -> Arc<NodeStatus> + Send + 'static,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)?;
-    listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
     let handle = std::thread::Builder::new()
         .name("retina-metrics".into())
         .spawn(move || {
             let mut rate = Rate::new(status().rows_applied.load(Ordering::Relaxed));
-            while !stop.load(Ordering::Relaxed) {
-                let status = status();
-                rate.sample(status.rows_applied.load(Ordering::Relaxed));
-                match listener.accept() {
+            loop {
+                let accepted = listener.accept();
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match accepted {
                     Ok((stream, _)) => {
+                        let status = status();
+                        rate.sample(status.rows_applied.load(Ordering::Relaxed));
                         let _ = answer(stream, &render(&status, rate.per_second));
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(POLL)
+                    Err(e) => {
+                        tracing::warn!("metrics: {e}");
+                        // Out of descriptors, say: do not spin.
+                        std::thread::sleep(Duration::from_millis(100));
                     }
-                    Err(e) => tracing::warn!("metrics: {e}"),
                 }
             }
         })?;
     Ok((bound, handle))
 }
 
-/// Rows per second over the last second or so.
+/// Stops the server [`serve`] started on `bound` once `stop` is set: wakes its `accept`, and
+/// waits for the thread.
+pub fn stop(bound: SocketAddr, thread: std::thread::JoinHandle<()>) {
+    let _ = TcpStream::connect(bound);
+    let _ = thread.join();
+}
+
+/// Rows per second between scrapes (over at least a second).
 struct Rate {
     at: Instant,
     rows: u64,
