@@ -83,10 +83,7 @@ pub enum Refusal {
     InvalidArgument(String),
     #[error("too many queries: {0} run, the limit; end one first")]
     TooManyQueries(u32),
-    #[error(
-        "the node restarted and is catching up: snapshot {snapshot} of the {target} queries \
-         saw before; try again shortly"
-    )]
+    #[error("{}", crate::coordinator::catching_up(*snapshot, *target))]
     CatchingUp { snapshot: u64, target: u64 },
     #[error("an error this client does not know ({0})")]
     Unknown(String),

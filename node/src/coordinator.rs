@@ -60,12 +60,23 @@ pub enum BeginRefused {
     ConnectionLimit { limit: u32 },
     #[error("the node runs {limit} queries, its limit: end one first")]
     NodeLimit { limit: u32 },
-    /// After a restart, HWM is not yet back where queries saw it before, and the wait ran out.
-    #[error(
-        "the node restarted and is catching up: snapshot {snapshot} of the {target} queries \
-         saw before; try again shortly"
-    )]
+    /// The node is still replaying what its source held when it started (after a restart:
+    /// HWM is not yet back where queries saw it before), and the wait ran out. `target`: the
+    /// snapshot it waits for, 0 while the sink has not yet said where the source ended.
+    #[error("{}", catching_up(*snapshot, *target))]
     CatchingUp { snapshot: u64, target: u64 },
+}
+
+/// [`BeginRefused::CatchingUp`]'s text (the client's refusal says the same).
+pub fn catching_up(snapshot: u64, target: u64) -> String {
+    let waits = match target {
+        0 => "what the source held when it started".to_owned(),
+        t => format!("snapshot {t}"),
+    };
+    format!(
+        "the node is catching up with its source: it is at snapshot {snapshot}, queries wait \
+         for {waits}; try again shortly"
+    )
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -327,9 +338,16 @@ impl CoordinatorState {
 
     /// The refusal for a query that waited too long for [`Self::ready`].
     pub fn catching_up(&self) -> BeginRefused {
+        let snapshot = self.hwm.snapshot();
+        let target = match self.ready_at {
+            Some(r) => r.get(),
+            // The sink has not said where the source ended: at least what queries saw before.
+            None if self.shown_hwm.snapshot() > snapshot => self.shown_hwm.snapshot().get(),
+            None => 0,
+        };
         BeginRefused::CatchingUp {
-            snapshot: self.hwm.snapshot().get(),
-            target: self.ready_at.unwrap_or(self.shown_hwm.snapshot()).get(),
+            snapshot: snapshot.get(),
+            target,
         }
     }
 

@@ -239,6 +239,24 @@ impl PlanFile {
     }
 }
 
+/// Begins waiting for the node to catch up count toward the caps on running queries: a
+/// connection may not queue more than it may run.
+fn waiting_refused<T>(waiting: &[(Owner, T, Instant)], owner: Owner) -> Option<BeginRefused> {
+    use crate::coordinator::{MAX_QUERIES_PER_CONNECTION, MAX_RUNNING_QUERIES};
+    if owner == LOCAL {
+        return None;
+    }
+    let mine = waiting.iter().filter(|(o, _, _)| *o == owner).count();
+    if mine >= MAX_QUERIES_PER_CONNECTION as usize {
+        return Some(BeginRefused::ConnectionLimit {
+            limit: MAX_QUERIES_PER_CONNECTION,
+        });
+    }
+    (waiting.len() >= MAX_RUNNING_QUERIES as usize).then_some(BeginRefused::NodeLimit {
+        limit: MAX_RUNNING_QUERIES,
+    })
+}
+
 /// Messages to the object-store I/O thread.
 enum IoRequest {
     Flush {
@@ -1444,7 +1462,11 @@ async fn coordinator_main(
                     // Durable before any shard confirms, so before the record that makes the
                     // checkpoint complete.
                     let dir = checkpoint_dir(&c.data_dir, r.id);
-                    let written = match std::fs::create_dir_all(&dir) {
+                    // The folder's entry in checkpoints/ is made durable too.
+                    let made = std::fs::create_dir_all(&dir).and_then(|()| {
+                        crate::durable::sync_dir(dir.parent().expect("checkpoints/<id>"))
+                    });
+                    let written = match made {
                         Ok(()) => {
                             crate::durable::write_file(&dir.join(SOURCE_STATE_FILE), &source_state)
                                 .await
@@ -1491,6 +1513,8 @@ async fn coordinator_main(
             CoordMsg::BeginQuery { owner, reply } => {
                 if c.state.ready() {
                     c.begin_query(owner, reply);
+                } else if let Some(refused) = waiting_refused(&waiting, owner) {
+                    let _ = reply.send(Err(refused));
                 } else {
                     waiting.push((owner, reply, Instant::now() + c.query_wait));
                 }

@@ -200,7 +200,9 @@ fn a_query_that_cannot_catch_up_is_refused_within_its_wait() {
     let err = node.handle().begin_query().unwrap_err().to_string();
     assert!(began.elapsed() < Duration::from_secs(5));
     assert!(
-        err.contains("catching up: snapshot 11 of the 12 queries saw before"),
+        err.contains(
+            "catching up with its source: it is at snapshot 11, queries wait for snapshot 12"
+        ),
         "{err}"
     );
     // Through the contract, the refusal is typed.

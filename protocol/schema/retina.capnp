@@ -38,10 +38,11 @@ struct Error {
     tooManyQueries @11 :UInt32;   # this connection (or the node) runs this many queries, its
                                   # limit: end one first
     catchingUp :group {
-      # The node restarted and its HWM is not yet back at the snapshot queries saw before it
-      # stopped; the begin waited query_wait_ms for it. Try again shortly.
+      # The node is still replaying what its source held when it started (after a restart:
+      # its HWM is not yet back at the snapshot queries saw before); the begin waited
+      # query_wait_ms for it. Try again shortly.
       snapshot @12 :UInt64;       # the newest snapshot it could hand out now
-      target @13 :UInt64;         # the snapshot it waits for
+      target @13 :UInt64;         # the snapshot it waits for; 0 while not known yet
     }
   }
 }
