@@ -643,7 +643,7 @@ pub fn markdown(results: &Results, charts: &[(String, Chart, String)], chart_dir
         "# Benchmarks\n\nWritten by `retina bench report` from the newest value of each \
          measurement in `bench/results/*.jsonl`. Measured on the machine the runs were made on \
          (the project's: 2 cores, 24 GiB); the paper's node had 16 vCPUs. See \
-         `../shared/BENCH.md` for what each measurement means.\n\n",
+         `bench/README.md` for what each measurement means.\n\n",
     );
     for (file, chart, paper) in charts {
         let _ = writeln!(

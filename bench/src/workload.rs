@@ -161,7 +161,7 @@ impl TableCounts {
 }
 
 /// The shape of a run of transactions: rows per transaction, insert/update/delete shares and
-/// per-table shares (BENCH.md gives what each workload's stream should show).
+/// per-table shares (bench/README.md says what each workload's stream should show).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelfCheck {
     pub transactions: u64,

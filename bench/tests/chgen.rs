@@ -1,4 +1,4 @@
-//! The CH-benCHmark generator: deterministic bytes, the stream's shape against BENCH.md, the DDL
+//! The CH-benCHmark generator: deterministic bytes, the stream's shape against bench/README.md, the DDL
 //! against the node's catalog, the Debezium JSON against the node's parser, and every update and
 //! delete against a plain model of the tables.
 

@@ -1,4 +1,4 @@
-//! The HyBench generator: deterministic bytes, the stream's shape against BENCH.md, the DDL
+//! The HyBench generator: deterministic bytes, the stream's shape against bench/README.md, the DDL
 //! against the node's catalog, the Debezium JSON against the node's parser, and every update
 //! against a plain model of the tables (exact before-images, money conserved).
 

@@ -66,7 +66,7 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
-    /// Freshness the BENCH.md way: the workload emitted at fixed rates, a monitor running
+    /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
     /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
     Freshness {
         /// Rows per second to emit, comma-separated.
@@ -113,7 +113,7 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
-    /// Query consistency (BENCH.md 3): CH-style queries on the static loaded data (with and
+    /// Query consistency (bench/README.md): CH-style queries on the static loaded data (with and
     /// without the visibility check), then while the workload changes it at a fixed rate;
     /// latency under change normalized to the static run with the check (medians).
     Consistency {
@@ -129,7 +129,7 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
-    /// Resources at a fixed rate (BENCH.md 5): the process's CPU (percent of one core, and per
+    /// Resources at a fixed rate (bench/README.md): the process's CPU (percent of one core, and per
     /// 1K rows/s), resident memory, and memory by structure.
     Resources {
         /// Rows per second, comma-separated.

@@ -47,7 +47,7 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Runs one SQL statement against a running node, at one snapshot of all its tables.
     Sql(sql::SqlArgs),
-    /// Measures a node on generated workloads (see shared BENCH.md).
+    /// Measures a node on generated workloads (see bench/README.md).
     Bench(bench::BenchArgs),
 }
 

@@ -84,7 +84,7 @@ impl VisCheckpoints {
         let entry = self.entries.values_mut().find(|e| e.snapshot == snapshot)?;
         if entry.image.is_none() {
             // Read with a plain read: a rare, small load, and glommio's DMA reads need the
-            // disk probe described in ECOSYSTEM.md.
+            // disk probe glommio runs at start (see ops/README.md).
             let loaded = std::fs::read(&entry.path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| VisibilityImage::decode(&b).map_err(|e| e.to_string()));
