@@ -38,7 +38,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use retina_node::client::file_bitmap;
 use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
-use retina_storage::file::filter_visible;
+use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::{Snapshot, external};
@@ -139,8 +139,17 @@ impl TableProvider for RetinaTable {
             }
             conn.bitmaps(f.owner, query, f.file, groups).await
         }));
+        // Memory parts come projected to the columns the query reads (and `_create_ts`); an
+        // empty list asks for every column.
+        let buffer_columns: Vec<u16> = projection.iter().map(|&c| c as u16).collect();
         let buffers = try_join_all(plan.buffers.iter().map(|&service| {
-            conn.write_buffer(service, query, plan.table.id, known.clone(), Vec::new())
+            conn.write_buffer(
+                service,
+                query,
+                plan.table.id,
+                known.clone(),
+                buffer_columns.clone(),
+            )
         }));
         let (bitmaps, buffers) = futures::try_join!(bitmaps, buffers).map_err(external)?;
 
@@ -657,8 +666,14 @@ fn memory_part(
     // Without the check every row is visible: the newest timestamp there can be.
     let at = if check { snapshot } else { Timestamp::MAX };
     let batch = concat_batches(&batches[0].schema(), batches)?;
-    let visible = filter_visible(&batch, schema, at, deleted, Some(projection))
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    // Projected by the shard (see `buffer_columns`) unless the projection is empty.
+    let visible = if projection.is_empty() {
+        filter_visible(&batch, schema, at, deleted, Some(projection))
+    } else {
+        let columns: Vec<usize> = (0..projection.len()).collect();
+        filter_visible_columns(&batch, projection.len(), at, deleted, &columns)
+    }
+    .map_err(|e| DataFusionError::External(Box::new(e)))?;
     Ok(Some(with_schema(visible, out_schema)?))
 }
 

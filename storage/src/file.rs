@@ -287,8 +287,21 @@ pub fn filter_visible(
     deleted: &[u64],
     projection: Projection<'_>,
 ) -> Result<RecordBatch> {
+    let columns = projected(schema, projection);
+    filter_visible_columns(batch, schema.create_ts_index(), snapshot, deleted, &columns)
+}
+
+/// [`filter_visible`] of a batch holding `_create_ts` as column `create_ts` (a batch already
+/// projected, say): the visible rows of `columns`.
+pub fn filter_visible_columns(
+    batch: &RecordBatch,
+    create_ts: usize,
+    snapshot: Timestamp,
+    deleted: &[u64],
+    columns: &[usize],
+) -> Result<RecordBatch> {
     let ts = batch
-        .column(schema.create_ts_index())
+        .column(create_ts)
         .as_any()
         .downcast_ref::<Int64Array>()
         .expect("`_create_ts` is int64");
@@ -300,7 +313,7 @@ pub fn filter_visible(
         .map(|(i, &c)| is_visible(c as u64, deleted[i / 64] >> (i % 64) & 1 != 0, s))
         .collect();
     let filtered = filter_record_batch(batch, &BooleanArray::from(mask))?;
-    Ok(filtered.project(&projected(schema, projection))?)
+    Ok(filtered.project(columns)?)
 }
 
 /// Writes one write-buffer block to the object store.

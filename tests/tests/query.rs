@@ -283,13 +283,13 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
             .submit(
                 &[vec![TableOp {
                     table: 0,
-                    op: RowOp::Insert(row(i, i)),
+                    op: RowOp::Insert(row(i, 100 + i)),
                 }]],
                 &[],
             )
             .unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
-        let (snapshot, rows) = rt.block_on(async {
+        let (snapshot, rows, reversed) = rt.block_on(async {
             let session = retina.begin().await.unwrap();
             let rows = ints(
                 &session
@@ -297,10 +297,23 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
                     .await
                     .unwrap(),
             );
-            (session.snapshot().get(), rows)
+            // The shard projects memory parts to the columns asked, in their order.
+            let reversed = ints(
+                &session
+                    .collect("SELECT balance, id FROM bank.accounts ORDER BY id")
+                    .await
+                    .unwrap(),
+            );
+            (session.snapshot().get(), rows, reversed)
         });
         assert!(snapshot >= *ts.end());
-        assert_eq!(rows, vec![vec![i]], "row {i} is visible once HWM passed it");
+        assert_eq!(
+            rows,
+            vec![vec![100 + i]],
+            "row {i} is visible once HWM passed it"
+        );
+        let expected: Vec<Vec<i64>> = (0..=i).map(|j| vec![100 + j, j]).collect();
+        assert_eq!(reversed, expected);
     }
     node.shutdown();
 }
