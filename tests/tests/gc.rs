@@ -42,6 +42,33 @@ async fn read(session: &QuerySession) -> Vec<Vec<i64>> {
     )
 }
 
+/// A node of small files and frequent GC, serving queries on loopback.
+fn start(data: &Path) -> Node {
+    Node::start(NodeOptions {
+        data_dir: data.to_path_buf(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 2,
+            gc_interval_ms: 20,
+            long_query_ms: 300,
+            query_lease_ms: 60_000,
+            // No sink takes checkpoints here: retired objects leave as soon as no query reads
+            // them.
+            checkpoint_interval_ms: 0,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+        await_source: false,
+    })
+    .unwrap()
+}
+
 fn submit(h: &NodeHandle, ops: Vec<TableOp<Vec<Value>>>) {
     let txns: Vec<Vec<_>> = ops.chunks(50).map(|c| c.to_vec()).collect();
     let ts = h.submit(&txns, &[]).unwrap();
@@ -75,29 +102,7 @@ fn lake_files(data: &Path) -> BTreeSet<String> {
 fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let node = Node::start(NodeOptions {
-        data_dir: data.clone(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 2,
-            gc_interval_ms: 20,
-            long_query_ms: 300,
-            query_lease_ms: 60_000,
-            // No sink takes checkpoints here: retired objects leave as soon as no query reads
-            // them.
-            checkpoint_interval_ms: 0,
-            ..Settings::default()
-        },
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        auth_token: None,
-        await_source: false,
-    })
-    .unwrap();
+    let node = start(&data);
     let h = node.handle().clone();
     let status = h.status().clone();
     let row = |id: i64, v: i64| vec![Value::Int(id), Value::Int(v)];
@@ -240,25 +245,7 @@ fn a_long_query_reads_the_same_rows_before_and_after_gc_and_storage_gc() {
 fn files_whose_rows_are_all_deleted_are_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let node = Node::start(NodeOptions {
-        data_dir: data.clone(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 2,
-            gc_interval_ms: 20,
-            checkpoint_interval_ms: 0,
-            ..Settings::default()
-        },
-        listen: None,
-        auth_token: None,
-        await_source: false,
-    })
-    .unwrap();
+    let node = start(&data);
     let h = node.handle().clone();
     let status = h.status().clone();
     let row = |id: i64| vec![Value::Int(id), Value::Int(0)];
