@@ -667,6 +667,8 @@ fn skip_means_skip_for_transactions_a_shard_refuses() {
     let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
     assert_eq!(dead.lines().count(), 1, "{dead}");
     assert!(dead.contains("transaction T2"), "{dead}");
+    let record: serde_json::Value = serde_json::from_str(dead.trim()).unwrap();
+    assert_eq!(record["transaction"], "T2", "{dead}");
     assert!(dead.contains("\\\"dup\\\""), "the lines are kept: {dead}");
 
     let port = free_port();

@@ -323,7 +323,7 @@ struct Sink<'a> {
     line_start: u64,
     txn_begin: u64,
     /// Where each transaction of the group begins and ends in the source.
-    spans: Vec<(u64, u64)>,
+    spans: Vec<(u64, u64, String)>,
     /// Transactions handed to the node and not yet known to be below HWM.
     in_flight: std::collections::VecDeque<InFlight>,
     /// Where dead-letter records already in the file end in the source, past the resume
@@ -352,6 +352,8 @@ struct InFlight {
     ts: u64,
     begin: u64,
     end: u64,
+    /// The source transaction's id.
+    id: String,
     source: String,
 }
 
@@ -526,7 +528,8 @@ impl Sink<'_> {
                     self.group_opened = Instant::now();
                 }
                 self.group.push(ops);
-                self.spans.push((self.txn_begin, self.read.offset));
+                self.spans
+                    .push((self.txn_begin, self.read.offset, txn.id.clone()));
                 self.group_end = self.read;
                 self.sources
                     .push(format!("{} (transaction {})", txn.begin, txn.id));
@@ -708,7 +711,7 @@ impl Sink<'_> {
         };
         let record = DeadLetter {
             position: txn.source.clone(),
-            transaction: None,
+            transaction: Some(txn.id.clone()),
             reason: reason.clone(),
             bytes: txn.end - txn.begin,
             truncated,
@@ -738,7 +741,7 @@ impl Sink<'_> {
                 while self.in_flight.front().is_some_and(|t| t.ts < hwm) {
                     self.in_flight.pop_front();
                 }
-                for ((ts, (begin, end)), source) in range
+                for ((ts, (begin, end, id)), source) in range
                     .clone()
                     .zip(self.spans.drain(..))
                     .zip(self.sources.iter())
@@ -747,6 +750,7 @@ impl Sink<'_> {
                         ts,
                         begin,
                         end,
+                        id,
                         source: source.clone(),
                     });
                 }
