@@ -193,6 +193,17 @@ fn start(dir: &Path, shards: u16) -> Node {
 }
 
 fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> SinkReport {
+    let max_txn_bytes = Settings::default().max_txn_bytes;
+    sink_with(node, path, on_error, dead_letter, max_txn_bytes)
+}
+
+fn sink_with(
+    node: &Node,
+    path: &Path,
+    on_error: OnError,
+    dead_letter: &Path,
+    max_txn_bytes: u64,
+) -> SinkReport {
     let options = SinkOptions {
         source: SourceSpec::File(path.to_path_buf()),
         follow: false,
@@ -202,7 +213,7 @@ fn sink(node: &Node, path: &Path, on_error: OnError, dead_letter: &Path) -> Sink
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
-        max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
+        max_txn_bytes,
     };
     run_sink(node.handle(), &options, &AtomicBool::new(false))
 }
@@ -705,7 +716,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         max_group_txns: 16,
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
-        max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
+        max_txn_bytes: Settings::default().max_txn_bytes,
     };
     let (h, s) = (node.handle().clone(), stop.clone());
     let sink = std::thread::spawn(move || run_sink(&h, &options, &s));
@@ -908,6 +919,60 @@ proptest::proptest! {
         }
         // A stopped replay says so in the node's status (and metrics) too.
         proptest::prop_assert_eq!(node.handle().status().error().is_some(), report.stopped_by.is_some());
+        node.shutdown();
+    }
+}
+
+#[test]
+fn a_transaction_over_max_txn_bytes_is_refused_with_its_position() {
+    let mut lines = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    let big: Vec<Change> = (10..60).map(|i| Change::Insert(0, account(i, i))).collect();
+    let t2 = txn_lines("t2", &big);
+    // The line (1-based) where t2's text passes 4096 bytes: t2 starts at line 4.
+    let over = 4 + t2
+        .iter()
+        .scan(0, |sum, l| {
+            *sum += l.len();
+            Some(*sum)
+        })
+        .position(|sum| sum > 4096)
+        .expect("t2 is larger");
+    assert!(over < 3 + t2.len(), "refused before its END");
+    lines.extend(t2);
+    // A transaction whose END never comes is bounded the same way.
+    let endless = txn_lines("t3", &big);
+    lines.extend(endless[..endless.len() - 1].iter().cloned());
+    lines.extend(txn_lines("t4", &[Change::Insert(0, account(2, 200))]));
+    for on_error in [OnError::Stop, OnError::Skip] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.json");
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        let node = start(&dir.path().join("data"), 2);
+        let dead = dir.path().join("dead.json");
+        let report = sink_with(&node, &path, on_error, &dead, 4096);
+        if let Some(ts) = report.last_ts {
+            node.handle().wait_visible(ts, Duration::from_secs(10));
+        }
+        if on_error == OnError::Stop {
+            let e = report.stopped_by.expect("refused");
+            assert!(
+                e.contains(&format!("in.json:{over}: ")) && e.contains("max_txn_bytes"),
+                "the error names the line where t2 went over: {e}"
+            );
+            assert_eq!(account_ids(&node), [1]);
+        } else {
+            assert_eq!(report.stopped_by, None);
+            assert_eq!(account_ids(&node), [1, 2], "t2 and t3 skipped, t4 replayed");
+            let records: Vec<serde_json::Value> = std::fs::read_to_string(&dead)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            assert_eq!(records.len(), 2, "{records:?}");
+            assert_eq!(records[0]["transaction"], "t2");
+            assert_eq!(records[0]["lines_left_out"], true, "{}", records[0]);
+            assert_eq!(records[1]["transaction"], "t3");
+        }
         node.shutdown();
     }
 }
