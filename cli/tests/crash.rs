@@ -163,7 +163,26 @@ fn free_ports() -> u16 {
     }
 }
 
-fn serve(dir: &std::path::Path, port: u16) -> Child {
+/// A running `retina serve`, killed if the test fails before it stops it (no node outlives
+/// the test).
+struct Served(Option<Child>);
+
+impl Served {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("still running")
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn serve(dir: &std::path::Path, port: u16) -> Served {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -202,6 +221,7 @@ fn serve(dir: &std::path::Path, port: u16) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()
+        .map(|c| Served(Some(c)))
         .unwrap()
 }
 
@@ -359,13 +379,13 @@ fn phases(before: &str, now: &str) -> Vec<&'static str> {
     out
 }
 
-fn kill(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn kill(served: Served) {
+    drop(served);
 }
 
 /// SIGTERM: the node must stop cleanly.
-fn terminate(child: Child, log: &std::path::Path) {
+fn terminate(mut served: Served, log: &std::path::Path) {
+    let child = served.0.take().expect("still running");
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -481,7 +501,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
         // behind what an earlier one saw, each exactly the model at its snapshot.
         for pause_ms in [0, rng.random_range(0..350)] {
             std::thread::sleep(Duration::from_millis(pause_ms));
-            let (snapshot, state) = read(&rt, addr, &mut child, &log);
+            let (snapshot, state) = read(&rt, addr, child.child(), &log);
             assert!(
                 snapshot >= shown,
                 "cycle {cycle}: a query saw {shown} before, now {snapshot}"
@@ -544,7 +564,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
     let last = total as u64 + 1;
     let start = Instant::now();
     loop {
-        let (snapshot, state) = read(&rt, addr, &mut child, &log);
+        let (snapshot, state) = read(&rt, addr, child.child(), &log);
         assert!(snapshot >= shown);
         assert_eq!(&state, model.at(snapshot), "at {snapshot}");
         shown = snapshot;
