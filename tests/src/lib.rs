@@ -5,6 +5,23 @@ pub mod cdc;
 
 use std::process::Command;
 
+use retina_node::settings::Settings;
+
+/// Two shards of tiny tiles, blocks, row groups (128 rows) and files (256 rows), so that a few
+/// thousand rows flush, combine and spread over many files; the tests set the timers.
+pub fn small_files(flush_interval_ms: u64, gc_interval_ms: u64) -> Settings {
+    Settings {
+        shards: 2,
+        tile_rows: 64,
+        block_rows: 64,
+        row_group_rows: 128,
+        file_rows: 256,
+        flush_interval_ms,
+        gc_interval_ms,
+        ..Settings::default()
+    }
+}
+
 /// Whether `python3` can import pyarrow. CI installs it (`.ci/run`), so there a missing
 /// pyarrow is a failure, not a skip.
 pub fn pyarrow_available() -> bool {

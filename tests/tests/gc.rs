@@ -48,19 +48,12 @@ fn start(data: &Path) -> Node {
         data_dir: data.to_path_buf(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
         settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 2,
-            gc_interval_ms: 20,
             long_query_ms: 300,
             query_lease_ms: 60_000,
             // No sink takes checkpoints here: retired objects leave as soon as no query reads
             // them.
             checkpoint_interval_ms: 0,
-            ..Settings::default()
+            ..retina_tests::small_files(2, 20)
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,

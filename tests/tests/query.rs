@@ -36,15 +36,8 @@ fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
         data_dir: dir.to_path_buf(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 2,
-            gc_interval_ms: 5,
             query_lease_ms: lease_ms,
-            ..Settings::default()
+            ..retina_tests::small_files(2, 5)
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,

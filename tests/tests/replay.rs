@@ -170,13 +170,7 @@ fn generate(seed: u64, txns: usize, path: &Path) -> Model {
 fn settings(shards: u16) -> Settings {
     Settings {
         shards,
-        tile_rows: 64,
-        block_rows: 64,
-        row_group_rows: 128,
-        file_rows: 256,
-        flush_interval_ms: 5,
-        gc_interval_ms: 3,
-        ..Settings::default()
+        ..retina_tests::small_files(5, 3)
     }
 }
 
