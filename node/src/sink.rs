@@ -90,6 +90,8 @@ pub struct SinkReport {
 const FOLLOW_POLL: Duration = Duration::from_millis(5);
 /// How long the sink's last checkpoint waits for an earlier one to finish.
 const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
+/// How long a stopping sink waits for what it handed the node to become visible.
+const STOP_VISIBLE_WAIT: Duration = Duration::from_secs(10);
 /// Read buffer of the source.
 const READ_BUFFER_BYTES: usize = 1 << 20;
 /// A group also closes once its transactions span this many bytes of source, which bounds a
@@ -162,7 +164,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         .map_err(|reason| format!("the checkpoint's source state: {reason}"))
         .and_then(|state| {
             assembler.remember_applied(state.applied.iter().map(String::as_str));
-            DeadLetters::read(&options.dead_letter, resume.offset)
+            dead_letter_offsets(&options.dead_letter, resume.offset)
         });
     let dead_lettered_before = match restored {
         Ok(d) => d,
@@ -401,33 +403,31 @@ impl SourceState {
     }
 }
 
-/// The dead-letter file as a restart finds it.
-struct DeadLetters;
-
-impl DeadLetters {
-    /// Where each record in `path` ends in the source, for those past `from` (records of
-    /// older versions, without an offset, are left alone).
-    fn read(path: &std::path::Path, from: u64) -> Result<std::collections::BTreeSet<u64>, String> {
-        let file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
-            Err(e) => return Err(format!("dead-letter file {}: {e}", path.display())),
+/// The dead-letter file as a restart finds it: where each record in `path` ends in the source, for those past `from` (records of
+/// older versions, without an offset, are left alone).
+fn dead_letter_offsets(
+    path: &std::path::Path,
+    from: u64,
+) -> Result<std::collections::BTreeSet<u64>, String> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(e) => return Err(format!("dead-letter file {}: {e}", path.display())),
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for line in BufReader::new(file).lines() {
+        let line = line.map_err(|e| format!("dead-letter file {}: {e}", path.display()))?;
+        // A record torn by a crash is written again.
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
         };
-        let mut out = std::collections::BTreeSet::new();
-        for line in BufReader::new(file).lines() {
-            let line = line.map_err(|e| format!("dead-letter file {}: {e}", path.display()))?;
-            // A record torn by a crash is written again.
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if let Some(offset) = v.get("offset").and_then(serde_json::Value::as_u64)
-                && offset > from
-            {
-                out.insert(offset);
-            }
+        if let Some(offset) = v.get("offset").and_then(serde_json::Value::as_u64)
+            && offset > from
+        {
+            out.insert(offset);
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 impl Sink<'_> {
@@ -833,6 +833,11 @@ impl Sink<'_> {
     }
 
     fn fail(&mut self, msg: String) {
+        // The message says every earlier transaction is visible: make it so before replay is
+        // marked stopped (which ends waits for visibility).
+        if let Some(ts) = self.report.last_ts {
+            self.node.wait_visible(ts, STOP_VISIBLE_WAIT);
+        }
         self.node.stop_replay(msg.clone());
         self.report.stopped_by = Some(msg);
     }
