@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::node::NodeStatus;
+use crate::status::NodeStatus;
 
 /// Largest request head read before answering.
 const MAX_REQUEST_BYTES: usize = 8 << 10;
@@ -258,7 +258,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
         "# HELP retina_io_in_flight Lake writes the I/O thread has in hand, by kind.\n\
          # TYPE retina_io_in_flight gauge"
     );
-    for kind in crate::node::IoKind::ALL {
+    for kind in crate::status::IoKind::ALL {
         let _ = writeln!(
             out,
             "retina_io_in_flight{{kind=\"{}\"}} {}",

@@ -18,8 +18,8 @@ use retina_protocol::query::write_table;
 use retina_protocol::retina_capnp::{bootstrap, coordinator, scan_service};
 
 use crate::catalog::Catalog;
+use crate::coordinator::CoordMsg;
 use crate::coordinator::{BeginRefused, Owner, QueryId};
-use crate::node::CoordMsg;
 use retina_storage::{StorageError, Timestamp};
 
 /// Largest message a client may send, in 8-byte words (Cap'n Proto's traversal limit): every
@@ -386,7 +386,7 @@ impl coordinator::Server for CoordinatorService {
 /// checked against the running queries, then a message to the shard, answered from its state.
 pub async fn serve_scan(
     listener: glommio::net::TcpListener,
-    shard: flume::Sender<crate::node::ShardMsg>,
+    shard: flume::Sender<crate::shard::ShardMsg>,
     catalog: Arc<Catalog>,
     queries: Rc<RefCell<RunningQueries>>,
     auth_token: Option<String>,
@@ -490,7 +490,7 @@ impl RunningQueries {
 }
 
 struct ScanService {
-    shard: flume::Sender<crate::node::ShardMsg>,
+    shard: flume::Sender<crate::shard::ShardMsg>,
     catalog: Arc<Catalog>,
     queries: Rc<RefCell<RunningQueries>>,
 }
@@ -581,7 +581,7 @@ impl scan_service::Server for ScanService {
         row_groups.dedup();
         let (tx, rx) = flume::bounded(1);
         self.shard
-            .send_async(crate::node::ShardMsg::Bitmaps {
+            .send_async(crate::shard::ShardMsg::Bitmaps {
                 file: retina_storage::FileId(p.get_file_id()),
                 ts,
                 row_groups,
@@ -663,7 +663,7 @@ impl scan_service::Server for ScanService {
         known.dedup();
         let (tx, rx) = flume::bounded(1);
         self.shard
-            .send_async(crate::node::ShardMsg::Snapshot {
+            .send_async(crate::shard::ShardMsg::Snapshot {
                 table,
                 ts,
                 except: known,

@@ -1,83 +1,17 @@
-//! The coordinator's state: the timestamp allocator, HWM, LWM, running queries and checkpoint
-//! records. Only state changes live here, deterministic and synchronous (build, check, apply);
-//! the actor that decides when to make them lives with the runtime.
-//!
-//! Timestamps restart after the newest complete checkpoint: a restarted node replays the
-//! source from the checkpoint's position, so every redone transaction gets the timestamp it
-//! had before the crash, and nothing with a later timestamp survived the restart.
+//! The coordinator's state: the timestamp allocator, HWM, LWM, running queries, checkpoint
+//! records and the scan plans' file lists. Only state changes live here, deterministic and
+//! synchronous; the actor ([`super::actor`]) decides when to make them, and checks
+//! [`CoordinatorState::check_invariants`] after every message in debug builds.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
-use std::path::{Path, PathBuf};
 
-use retina_storage::{Hwm, Lwm, StorageError, Timestamp};
+use retina_storage::{FileId, Hwm, Lwm, TableId, Timestamp};
 
-#[derive(Debug, thiserror::Error)]
-pub enum CoordinatorError {
-    #[error("shard {shard} reported applied through {got} after {last}: watermarks never go back")]
-    AppliedBackwards {
-        shard: u16,
-        last: Timestamp,
-        got: Timestamp,
-    },
-    #[error("shard {shard} reported applied through {got}, but only up to {issued} was issued")]
-    AppliedUnissued {
-        shard: u16,
-        got: Timestamp,
-        issued: u64,
-    },
-    #[error("unknown shard {0}")]
-    UnknownShard(u16),
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    #[error("coordinator state file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "coordinator state file {path} is damaged: {reason}; restore it or start from an empty data directory"
-    )]
-    Corrupt { path: PathBuf, reason: String },
-}
-
-pub type QueryId = u64;
-
-/// Who began a query: a connection to the coordinator service, or [`LOCAL`].
-pub type Owner = u64;
-/// The node's own in-process API (`NodeHandle::begin_query`): trusted, not capped.
-pub const LOCAL: Owner = 0;
-/// Queries one connection may run at once; a client that keeps beginning queries is refused
-/// rather than growing the coordinator's state.
-pub const MAX_QUERIES_PER_CONNECTION: u32 = 256;
-/// Queries all connections together may run at once.
-pub const MAX_RUNNING_QUERIES: u32 = 16_384;
-
-/// Why a query could not begin.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BeginRefused {
-    #[error("the connection runs {limit} queries, its limit: end one first")]
-    ConnectionLimit { limit: u32 },
-    #[error("the node runs {limit} queries, its limit: end one first")]
-    NodeLimit { limit: u32 },
-    /// The node is still replaying what its source held when it started (after a restart:
-    /// HWM is not yet back where queries saw it before), and the wait ran out. `target`: the
-    /// snapshot it waits for, 0 while the sink has not yet said where the source ended.
-    #[error("{}", catching_up(*snapshot, *target))]
-    CatchingUp { snapshot: u64, target: u64 },
-}
-
-/// [`BeginRefused::CatchingUp`]'s text (the client's refusal says the same).
-pub fn catching_up(snapshot: u64, target: u64) -> String {
-    let waits = match target {
-        0 => "what the source held when it started".to_owned(),
-        t => format!("snapshot {t}"),
-    };
-    format!(
-        "the node is catching up with its source: it is at snapshot {snapshot}, queries wait \
-         for {waits}; try again shortly"
-    )
-}
+use super::error::{BeginRefused, CoordinatorError};
+use super::persist::{CheckpointRecord, Persisted, SourceMark};
+use super::plan::{PlanFile, PlanFiles};
+use super::query::{LOCAL, MAX_QUERIES_PER_CONNECTION, MAX_RUNNING_QUERIES, Owner, QueryId};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 struct Query {
@@ -98,48 +32,6 @@ enum VisCheckpoint {
     Done,
     /// A shard could not write it: the query holds LWM as any other.
     Failed,
-}
-
-/// Where in the source a checkpoint was taken: every transaction before it has a timestamp at
-/// or below the checkpoint's, every one after it a later one.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct SourceMark {
-    /// Bytes of the source before the position.
-    pub offset: u64,
-    /// Lines before it (so errors after a restart name the right line).
-    pub line: u64,
-}
-
-/// A complete checkpoint: every shard's image as of `ts` is durable under
-/// [`checkpoint_dir`]`(data_dir, id)`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointRecord {
-    pub id: u64,
-    pub ts: Timestamp,
-    pub shards: u16,
-    pub source: SourceMark,
-}
-
-/// Where checkpoint `id`'s shard images are.
-pub fn checkpoint_dir(data_dir: &Path, id: u64) -> PathBuf {
-    data_dir.join("checkpoints").join(format!("{id:016}"))
-}
-
-/// What the coordinator persists: the newest complete checkpoint, and the newest HWM it may have
-/// shown a query (so that after a restart no query sees less than one did before).
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Persisted {
-    pub hwm: Hwm,
-    pub checkpoint: Option<CheckpointRecord>,
-}
-
-impl Default for Persisted {
-    fn default() -> Self {
-        Persisted {
-            hwm: Hwm::INITIAL,
-            checkpoint: None,
-        }
-    }
 }
 
 /// A checkpoint whose barrier is on its way through the shards.
@@ -169,6 +61,8 @@ pub struct CoordinatorState {
     ready_at: Option<Timestamp>,
     /// A shard stopped replay: HWM will not move, so no query waits for it.
     replay_stopped: bool,
+    /// Every table's regular files, for scan plans.
+    files: PlanFiles,
 }
 
 impl CoordinatorState {
@@ -192,6 +86,7 @@ impl CoordinatorState {
             vis_to_drop: Vec::new(),
             ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
             replay_stopped: false,
+            files: PlanFiles::default(),
         }
     }
 
@@ -406,6 +301,11 @@ impl CoordinatorState {
         None
     }
 
+    /// The newest complete checkpoint, if any.
+    pub fn checkpoint(&self) -> Option<CheckpointRecord> {
+        self.checkpoint
+    }
+
     /// Whether a checkpoint is on its way through the shards (begun, not yet recorded).
     pub fn checkpoint_pending(&self) -> bool {
         self.pending_checkpoint.is_some()
@@ -550,134 +450,129 @@ impl CoordinatorState {
     pub fn running_queries(&self) -> usize {
         self.queries.len()
     }
-}
 
-/// The coordinator's state file in the data directory, replaced atomically and fsynced.
-pub struct StateFile {
-    path: PathBuf,
-}
-
-impl StateFile {
-    pub fn new(data_dir: &Path) -> Self {
-        StateFile {
-            path: data_dir.join("coordinator.state"),
-        }
+    /// The regular files a restart found (the newest checkpoint's), listed in plans from the
+    /// start.
+    pub fn with_files(mut self, files: PlanFiles) -> Self {
+        self.files = files;
+        self
     }
 
-    fn io(&self, source: std::io::Error) -> CoordinatorError {
-        CoordinatorError::Io {
-            path: self.path.clone(),
-            source,
-        }
+    /// A shard combined `file` of `table`: later scan plans list it.
+    pub fn file_added(&mut self, table: TableId, file: PlanFile) {
+        self.files.add(table, file);
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Storage GC replaced regular file `old` of `table` with `new` (none when no row
+    /// survived): plans at snapshots from `from` on list the new one instead.
+    pub fn file_replaced(
+        &mut self,
+        table: TableId,
+        old: FileId,
+        new: Option<PlanFile>,
+        from: Timestamp,
+    ) {
+        self.files.replace(table, old, new, from);
     }
 
-    /// What was persisted, or the initial state for a new data directory.
-    pub fn load(&self) -> Result<Persisted, CoordinatorError> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Persisted::default()),
-            Err(e) => return Err(self.io(e)),
-        };
-        let corrupt = |reason: String| CoordinatorError::Corrupt {
-            path: self.path.clone(),
-            reason,
-        };
-        let mut values = BTreeMap::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let (k, v) = line
-                .split_once('=')
-                .ok_or_else(|| corrupt(format!("line `{line}` is not key=value")))?;
-            let v: u64 = v
-                .trim()
-                .parse()
-                .map_err(|_| corrupt(format!("`{k}` is not a number")))?;
-            match k.trim() {
-                // Written by nodes before checkpoints; nothing to resume from them.
-                "reserved_through" | "runs" => {}
-                k @ ("hwm" | "checkpoint_id" | "checkpoint_ts" | "checkpoint_shards"
-                | "source_offset" | "source_line") => {
-                    values.insert(k.to_owned(), v);
-                }
-                other => return Err(corrupt(format!("unknown key `{other}`"))),
-            }
-        }
-        let hwm = values
-            .get("hwm")
-            .ok_or_else(|| corrupt("missing hwm".into()))?;
-        let hwm = Timestamp::new(*hwm).map_err(|e| corrupt(e.to_string()))?;
-        if hwm < Hwm::INITIAL.get() {
-            return Err(corrupt(format!("hwm {hwm} is below the first")));
-        }
-        let hwm = Hwm::after(hwm.prev_or_genesis())?;
-        let checkpoint = match values.get("checkpoint_id") {
-            None => None,
-            Some(&id) => {
-                let get = |k: &str| {
-                    values
-                        .get(k)
-                        .copied()
-                        .ok_or_else(|| corrupt(format!("checkpoint {id} without {k}")))
-                };
-                let ts =
-                    Timestamp::new(get("checkpoint_ts")?).map_err(|e| corrupt(e.to_string()))?;
-                if ts >= hwm.get() {
-                    return Err(corrupt(format!(
-                        "checkpoint at {ts} is not below hwm {hwm:?}"
-                    )));
-                }
-                let shards = u16::try_from(get("checkpoint_shards")?)
-                    .map_err(|_| corrupt("checkpoint_shards is out of range".into()))?;
-                Some(CheckpointRecord {
-                    id,
-                    ts,
-                    shards,
-                    source: SourceMark {
-                        offset: get("source_offset")?,
-                        line: get("source_line")?,
-                    },
-                })
-            }
-        };
-        Ok(Persisted { hwm, checkpoint })
+    /// `owner`'s query `id`'s scan plan of `table`: its snapshot and the files it reads.
+    /// Renews the query's lease like [`Self::renew_query`]; `None` if it was unknown.
+    pub fn plan(
+        &mut self,
+        owner: Owner,
+        id: QueryId,
+        table: TableId,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> Option<(Timestamp, Vec<PlanFile>)> {
+        let snapshot = self.renew_query(owner, id, now_ms, lease_ms)?;
+        Some((snapshot, self.files.plan(table, snapshot)))
     }
 
-    /// The file's bytes for `p`.
-    pub fn encode(p: &Persisted) -> Vec<u8> {
-        let mut out = format!("hwm={}\n", p.hwm.get());
-        if let Some(c) = p.checkpoint {
-            out += &format!(
-                "checkpoint_id={}\ncheckpoint_ts={}\ncheckpoint_shards={}\nsource_offset={}\nsource_line={}\n",
-                c.id, c.ts, c.shards, c.source.offset, c.source.line
+    /// Files storage GC replaced leave the plans once no running query may read them.
+    pub fn retire_files(&mut self) {
+        self.files.retire(self.retain_lwm().get());
+    }
+
+    /// Panics unless the state is consistent. The actor calls it after every message in
+    /// debug builds; tests call it after every step.
+    pub fn check_invariants(&self) {
+        let min = *self.applied.iter().min().expect("at least one shard");
+        assert_eq!(
+            self.hwm,
+            Hwm::after(min).expect("applied timestamps are below the maximum"),
+            "HWM is the slowest shard's applied-through plus one"
+        );
+        assert!(
+            self.applied.iter().all(|a| a.get() < self.next_ts),
+            "no shard applied what was not handed out: {:?} with {} next",
+            self.applied,
+            self.next_ts
+        );
+        assert!(self.first_ts <= self.next_ts, "timestamps only grow");
+        assert!(
+            self.retain_lwm().get() <= self.lwm().get() && self.lwm().get() <= self.hwm.snapshot(),
+            "retain LWM <= LWM <= HWM - 1"
+        );
+        for (id, q) in &self.queries {
+            assert!(*id < self.next_query, "query {id} was handed out");
+            assert!(
+                q.snapshot <= self.hwm.snapshot(),
+                "query {id} reads below HWM"
             );
         }
-        out.into_bytes()
-    }
-
-    /// Writes `p` durably with blocking calls (tests and tools; the coordinator writes through
-    /// `durable` on its core): a temporary file, fsync, rename over the old one, fsync the folder.
-    pub fn store(&self, p: Persisted) -> Result<(), CoordinatorError> {
-        use std::io::Write;
-        let tmp = self.path.with_extension("state.tmp");
-        let mut f = std::fs::File::create(&tmp).map_err(|e| self.io(e))?;
-        f.write_all(&Self::encode(&p)).map_err(|e| self.io(e))?;
-        f.sync_all().map_err(|e| self.io(e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| self.io(e))?;
+        let mut owners: std::collections::HashMap<Owner, u32> = Default::default();
+        for q in self.queries.values().filter(|q| q.owner != LOCAL) {
+            *owners.entry(q.owner).or_default() += 1;
         }
-        Ok(())
+        assert_eq!(
+            owners, self.per_owner,
+            "per-owner counts match the running queries"
+        );
+        assert!(
+            self.per_owner
+                .values()
+                .all(|&n| n <= MAX_QUERIES_PER_CONNECTION)
+                && self.per_owner.values().sum::<u32>() <= MAX_RUNNING_QUERIES,
+            "the caps on running queries hold"
+        );
+        if let Some(c) = self.checkpoint {
+            assert!(
+                c.ts.get() < self.next_ts,
+                "a checkpoint covers only what was issued"
+            );
+        }
+        if let Some(p) = &self.pending_checkpoint {
+            assert_eq!(
+                p.confirmed.len(),
+                self.applied.len(),
+                "a confirmation per shard"
+            );
+            assert!(
+                self.checkpoint
+                    .is_none_or(|c| c.id < p.record.id && c.ts < p.record.ts),
+                "a pending checkpoint is newer than the recorded one"
+            );
+        }
+        self.files.check_invariants();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coordinator::persist::StateFile;
+
+    /// Writes `p` the way the coordinator does, on a glommio executor of its own.
+    fn store(file: &StateFile, p: Persisted) {
+        let dir = file.path().parent().unwrap().to_owned();
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move { StateFile::new(&dir).write(&p).await })
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+    }
 
     fn ts(v: u64) -> Timestamp {
         Timestamp::new(v).unwrap()
@@ -749,12 +644,12 @@ mod tests {
         let done = c.checkpoint_done(1, 1, true).unwrap();
         c.applied(0, ts(11)).unwrap();
         c.applied(1, ts(11)).unwrap();
-        file.store(c.persisted_with(done)).unwrap();
+        store(&file, c.persisted_with(done));
         assert_eq!(c.checkpoint_recorded(done), None);
         c.allocate(5).unwrap();
         c.applied(0, ts(16)).unwrap();
         c.applied(1, ts(16)).unwrap();
-        file.store(c.persisted()).unwrap();
+        store(&file, c.persisted());
 
         // Crash: timestamps restart after the checkpoint, HWM with them; queries wait until
         // HWM is back at what was persisted.
@@ -870,5 +765,79 @@ mod tests {
             "a closed owner's count is gone"
         );
         assert!(c.end_query(8, b));
+    }
+
+    /// Any sequence of the actor's calls keeps the state consistent.
+    #[test]
+    fn every_step_keeps_the_invariants() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..64 {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let shards = rng.random_range(1..4u16);
+            let mut c = CoordinatorState::new(shards, Persisted::default(), seed % 2 == 0);
+            let mut now = 0;
+            let mut pending = None;
+            let mut next_file = 0;
+            for _ in 0..300 {
+                now += rng.random_range(0..50);
+                match rng.random_range(0..10) {
+                    0 => drop(c.allocate(rng.random_range(1..5))),
+                    1 | 2 => {
+                        let shard = rng.random_range(0..shards);
+                        let from = c.applied[usize::from(shard)].get();
+                        let to = rng.random_range(from..=c.issued_through().max(from));
+                        c.applied(shard, ts(to)).unwrap();
+                    }
+                    3 => drop(c.begin_query(rng.random_range(0..3), now, 100)),
+                    4 => {
+                        let id = rng.random_range(1..=c.next_query);
+                        c.end_query(rng.random_range(0..3), id);
+                    }
+                    5 => drop(c.expire_queries(now)),
+                    6 => {
+                        if let Some(r) = c.begin_checkpoint(SourceMark::default()) {
+                            pending = Some(r);
+                        }
+                    }
+                    7 => {
+                        if let Some(r) = pending {
+                            let shard = rng.random_range(0..shards);
+                            if let Some(done) = c.checkpoint_done(r.id, shard, true) {
+                                c.checkpoint_recorded(done);
+                                pending = None;
+                            }
+                        }
+                    }
+                    8 => {
+                        next_file += 1;
+                        c.file_added(
+                            0,
+                            PlanFile {
+                                file: FileId(next_file),
+                                path: object_store::path::Path::from("f"),
+                                bytes: 1,
+                                shard: 0,
+                                row_groups: Vec::new(),
+                                min_snapshot: Timestamp::GENESIS,
+                                superseded_from: None,
+                            },
+                        );
+                    }
+                    _ => {
+                        c.file_replaced(
+                            0,
+                            FileId(rng.random_range(0..=next_file)),
+                            None,
+                            c.hwm().get(),
+                        );
+                        c.retire_files();
+                        for (id, _) in c.start_vis_checkpoints(now, 30) {
+                            c.vis_checkpoint_done(id, rng.random_bool(0.9));
+                        }
+                    }
+                }
+                c.check_invariants();
+            }
+        }
     }
 }

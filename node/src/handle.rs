@@ -1,0 +1,342 @@
+//! The node's in-process API: what the sink calls to replay (allocate timestamps, route and
+//! send batches, checkpoint) and what local readers call to query. It talks to the actors only
+//! by message.
+
+use std::ops::RangeInclusive;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStore;
+use retina_protocol::{OpBatch, WireTableOp, WireTxn};
+use retina_storage::{RowOp, RowRef, TableId, TableOp, Timestamp, Value};
+use rkyv::util::AlignedVec;
+
+use crate::catalog::Catalog;
+use crate::coordinator::{CoordMsg, LOCAL, QueryId, SourceMark};
+use crate::debezium::DecimalHandling;
+use crate::error::NodeError;
+use crate::router::shard_of;
+use crate::shard::ShardMsg;
+use crate::status::NodeStatus;
+
+/// A cheap handle to a running node: submit transactions, read tables, watch status.
+#[derive(Clone)]
+pub struct NodeHandle {
+    /// Held from timestamp allocation to the last send of a group: groups reach every shard
+    /// in timestamp order even when several threads submit.
+    pub(crate) submit_order: Arc<Mutex<()>>,
+    pub(crate) shards: Vec<flume::Sender<ShardMsg>>,
+    pub(crate) coord: flume::Sender<CoordMsg>,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) status: Arc<NodeStatus>,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    /// Where the source resumes: the position of the checkpoint this run started from.
+    pub(crate) resume: Option<SourceMark>,
+    /// The sink's state recorded with that checkpoint (empty: none).
+    pub(crate) resume_state: Arc<[u8]>,
+    /// How the sink reads decimals of a stream without the envelope schema.
+    pub(crate) decimal_handling: DecimalHandling,
+}
+
+impl NodeHandle {
+    pub fn status(&self) -> &Arc<NodeStatus> {
+        &self.status
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The `decimal_handling` setting: how a decimal without the envelope schema is encoded.
+    pub fn decimal_handling(&self) -> DecimalHandling {
+        self.decimal_handling
+    }
+
+    pub fn shard_count(&self) -> u16 {
+        self.shards.len() as u16
+    }
+
+    /// Replays a group of source transactions (each a list of operations on catalog tables):
+    /// takes their timestamps in one request, routes every operation to its shard (a
+    /// key-changing update whose keys live on two shards becomes a delete on one and an insert
+    /// on the other, in the same mirror transaction), and sends each shard its slice. Blocks
+    /// while a shard's queue is full. Returns the timestamps the transactions got.
+    pub fn submit<R: AsRef<[Value]> + RowRef>(
+        &self,
+        txns: &[Vec<TableOp<R>>],
+        sources: &[String],
+    ) -> Result<RangeInclusive<u64>, NodeError> {
+        let _order = self.submit_order.lock().expect("submit lock");
+        let range = self.allocate(txns.len() as u64)?;
+        let batches = self.encode_group(txns, range.clone(), sources)?;
+        self.send_encoded(batches)?;
+        self.status
+            .txns_submitted
+            .fetch_add(txns.len() as u64, Ordering::Relaxed);
+        Ok(range)
+    }
+
+    /// Where the source resumes after a restart: the position of the checkpoint this run
+    /// started from (`None`: from the start).
+    pub fn resume(&self) -> Option<SourceMark> {
+        self.resume
+    }
+
+    /// The sink's state recorded with the checkpoint this run started from (empty without
+    /// one, or for a checkpoint written before sinks recorded state).
+    pub fn resume_state(&self) -> &[u8] {
+        &self.resume_state
+    }
+
+    /// Puts a checkpoint barrier after every transaction submitted so far, taken at `source`
+    /// (where the source stands after the last of them). Returns its id, or `None` while an
+    /// earlier one is still on its way; [`NodeStatus::checkpoint_id`] says when it is complete.
+    pub fn checkpoint(
+        &self,
+        source: SourceMark,
+        source_state: Vec<u8>,
+    ) -> Result<Option<u64>, NodeError> {
+        let _order = self.submit_order.lock().expect("submit lock");
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::BeginCheckpoint {
+                source,
+                source_state,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+        let Some(record) = rx.recv().map_err(|_| NodeError::Stopped)? else {
+            return Ok(None);
+        };
+        for s in &self.shards {
+            s.send(ShardMsg::Checkpoint {
+                id: record.id,
+                ts: record.ts,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+        }
+        Ok(Some(record.id))
+    }
+
+    /// Replay stopped on `error` (the sink's own: bad input, an unreadable source): the node
+    /// fails (logged, in the metrics) and keeps serving what is visible.
+    pub fn stop_replay(&self, error: String) {
+        self.status.fail(error);
+        let _ = self.coord.send(CoordMsg::ReplayStopped);
+    }
+
+    /// The sink replayed the source as far as it reached before this run, through `ts`
+    /// (`None`: it cannot tell, as with stdin): queries waiting for that may begin.
+    pub fn caught_up(&self, ts: Option<u64>) {
+        let ts = ts.and_then(|t| Timestamp::new(t).ok());
+        let _ = self.coord.send(CoordMsg::CaughtUp { ts });
+    }
+
+    /// `n` consecutive timestamps from the coordinator (group begin).
+    pub fn allocate(&self, n: u64) -> Result<RangeInclusive<u64>, NodeError> {
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::Allocate { n, reply: tx })
+            .map_err(|_| NodeError::Stopped)?;
+        Ok(rx.recv().map_err(|_| NodeError::Stopped)??)
+    }
+
+    /// Routes a group of transactions that got the timestamps `range` and encodes every
+    /// shard's slice as an op batch (one per shard, in shard order). `sources` names where each
+    /// transaction came from, for errors (or is empty).
+    pub fn encode_group<R: AsRef<[Value]> + RowRef>(
+        &self,
+        txns: &[Vec<TableOp<R>>],
+        range: RangeInclusive<u64>,
+        sources: &[String],
+    ) -> Result<Vec<AlignedVec>, NodeError> {
+        assert_eq!(
+            txns.len() as u64,
+            range.end() - range.start() + 1,
+            "a timestamp per transaction"
+        );
+        let shards = self.shard_count();
+        let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
+        let mut scratch = Vec::new();
+        for (i, (txn, ts)) in txns.iter().zip(range.clone()).enumerate() {
+            let source = sources.get(i).cloned().unwrap_or_default();
+            let mut per_shard: Vec<Vec<WireTableOp>> = vec![Vec::new(); shards.into()];
+            for op in txn {
+                let schema = self.catalog.get(op.table).expect("ops name catalog tables");
+                match &op.op {
+                    RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => {
+                        let s = shard_of(schema, r, shards, &mut scratch);
+                        per_shard[usize::from(s)].push(WireTableOp::from(op));
+                    }
+                    // The table's rows are spread over every shard by key hash.
+                    RowOp::Truncate => {
+                        for ops in &mut per_shard {
+                            ops.push(WireTableOp::from(op));
+                        }
+                    }
+                    RowOp::Update { before, after } => {
+                        let from = shard_of(schema, before, shards, &mut scratch);
+                        let to = shard_of(schema, after, shards, &mut scratch);
+                        if from == to {
+                            per_shard[usize::from(from)].push(WireTableOp::from(op));
+                        } else {
+                            // A key-changing update across shards: a delete on one, an insert
+                            // on the other, in the same mirror transaction.
+                            let delete = TableOp {
+                                table: op.table,
+                                op: RowOp::Delete(before.as_ref()),
+                            };
+                            let insert = TableOp {
+                                table: op.table,
+                                op: RowOp::Insert(after.as_ref()),
+                            };
+                            per_shard[usize::from(from)].push(wire_of(&delete));
+                            per_shard[usize::from(to)].push(wire_of(&insert));
+                        }
+                    }
+                }
+            }
+            for (s, ops) in per_shard.into_iter().enumerate() {
+                if !ops.is_empty() {
+                    slices[s].push(WireTxn {
+                        ts,
+                        source: source.clone(),
+                        ops,
+                    });
+                }
+            }
+        }
+        slices
+            .into_iter()
+            .map(|txns| {
+                OpBatch {
+                    txns,
+                    applied_through: *range.end(),
+                }
+                .encode()
+                .map_err(|e| NodeError::Batch(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Sends each shard its batch (from [`Self::encode_group`]), blocking while a queue is full.
+    pub fn send_encoded(&self, batches: Vec<AlignedVec>) -> Result<(), NodeError> {
+        assert_eq!(batches.len(), self.shards.len(), "a batch per shard");
+        for (s, bytes) in batches.into_iter().enumerate() {
+            // Counted before the send, so the shard's decrement never comes first.
+            self.status.backlog_batches.fetch_add(1, Ordering::Relaxed);
+            if self.shards[s].send(ShardMsg::Apply(bytes)).is_err() {
+                self.status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
+                return Err(NodeError::Stopped);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until HWM passes `ts` (every transaction through `ts` is visible), an error stops
+    /// replay, or `timeout` passes. True if HWM passed.
+    pub fn wait_visible(&self, ts: u64, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.status.hwm.load(Ordering::Acquire) > ts {
+                return true;
+            }
+            if self.status.error().is_some() || start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Begins a query: its id and snapshot. LWM stays at or below the snapshot until it ends.
+    pub fn begin_query(&self) -> Result<(QueryId, Timestamp), NodeError> {
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::BeginQuery {
+                owner: LOCAL,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+        let q = rx.recv().map_err(|_| NodeError::Stopped)??;
+        Ok((q.id, q.snapshot))
+    }
+
+    /// Extends a running query's lease; false if the query had ended or its lease ran out.
+    pub fn renew_query(&self, id: QueryId) -> Result<bool, NodeError> {
+        let (tx, rx) = flume::bounded(1);
+        self.coord
+            .send(CoordMsg::RenewQuery {
+                owner: LOCAL,
+                id,
+                reply: tx,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+        Ok(rx.recv().map_err(|_| NodeError::Stopped)?.is_some())
+    }
+
+    pub fn end_query(&self, id: QueryId) {
+        let _ = self.coord.send(CoordMsg::EndQuery {
+            owner: LOCAL,
+            id,
+            reply: None,
+        });
+    }
+
+    /// Every row of `table` visible at `ts`, from every shard, with the stored columns
+    /// (`_create_ts` last).
+    pub fn read_table(
+        &self,
+        table: TableId,
+        ts: Timestamp,
+    ) -> Result<Vec<arrow::record_batch::RecordBatch>, NodeError> {
+        let schema = self
+            .catalog
+            .get(table)
+            .ok_or(retina_storage::StorageError::UnknownTable(table))?;
+        // Only what is below HWM is committed on every shard.
+        let hwm = self.status.hwm();
+        if ts >= hwm.get() {
+            return Err(retina_storage::StorageError::SnapshotInFuture {
+                requested: ts,
+                applied_through: hwm.snapshot(),
+            }
+            .into());
+        }
+        let mut projection: Vec<usize> = (0..schema.columns().len()).collect();
+        projection.push(schema.create_ts_index());
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let (tx, rx) = flume::bounded(1);
+            s.send(ShardMsg::Snapshot {
+                table,
+                ts,
+                except: Vec::new(),
+                reply: tx,
+            })
+            .map_err(|_| NodeError::Stopped)?;
+            let snap = rx.recv().map_err(|_| NodeError::Stopped)??;
+            out.extend(futures::executor::block_on(
+                snap.read(self.store.as_ref(), Some(&projection)),
+            )?);
+        }
+        Ok(out)
+    }
+}
+
+fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
+    let row = |r: &[Value]| retina_protocol::WireRow::from(r);
+    WireTableOp {
+        table: op.table,
+        op: match &op.op {
+            RowOp::Insert(r) => retina_protocol::WireOp::Insert(row(r)),
+            RowOp::Delete(r) => retina_protocol::WireOp::Delete(row(r)),
+            RowOp::Update { before, after } => retina_protocol::WireOp::Update {
+                before: row(before),
+                after: row(after),
+            },
+            RowOp::Upsert(r) => retina_protocol::WireOp::Upsert(row(r)),
+            RowOp::Truncate => retina_protocol::WireOp::Truncate,
+        },
+    }
+}

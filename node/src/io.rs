@@ -1,0 +1,182 @@
+//! The object-store I/O thread: flushes write-buffer blocks, combines them into files,
+//! rewrites files for storage GC and deletes retired objects, on a tokio runtime (object_store
+//! needs one). Shards send it [`IoRequest`]s on a bounded queue and hear back by message; at
+//! most [`IO_PARALLEL`] requests are in hand at once, so the queue bounds the work waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use object_store::{ObjectStore, ObjectStoreExt};
+use retina_storage::buffer::{CombineJob, FlushJob};
+use retina_storage::file;
+use retina_storage::{RewriteJob, TableId, TableSchema};
+
+use crate::shard::ShardMsg;
+use crate::status::{IoKind, NodeStatus};
+
+/// I/O requests that may wait for the I/O thread before a shard's timer tick finds it full.
+pub const IO_QUEUE: usize = 1024;
+/// Requests the I/O thread works on at once (encoding Parquet is CPU work, on tokio's
+/// blocking threads).
+pub const IO_PARALLEL: usize = 16;
+
+/// Messages to the object-store I/O thread.
+pub enum IoRequest {
+    Flush {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: FlushJob,
+        reply: flume::Sender<ShardMsg>,
+    },
+    Combine {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: CombineJob,
+        reply: flume::Sender<ShardMsg>,
+    },
+    Delete {
+        paths: Vec<object_store::path::Path>,
+    },
+    Rewrite {
+        schema: Arc<TableSchema>,
+        table: TableId,
+        job: RewriteJob,
+        reply: flume::Sender<ShardMsg>,
+    },
+}
+
+impl IoRequest {
+    fn kind(&self) -> IoKind {
+        match self {
+            IoRequest::Flush { .. } => IoKind::Flush,
+            IoRequest::Combine { .. } => IoKind::Combine,
+            IoRequest::Rewrite { .. } => IoKind::Rewrite,
+            IoRequest::Delete { .. } => IoKind::Delete,
+        }
+    }
+}
+
+/// The I/O thread's body: serves `rx` until every sender is gone.
+pub fn io_main(
+    rx: flume::Receiver<IoRequest>,
+    store: Arc<dyn ObjectStore>,
+    config: retina_storage::StorageConfig,
+    lake: Arc<std::path::Path>,
+    status: Arc<NodeStatus>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime for object-store I/O");
+    rt.block_on(async move {
+        // A counting semaphore: a request takes a slot, and gives it back when done.
+        let (take, give_back) = flume::bounded::<()>(IO_PARALLEL);
+        while let Ok(req) = rx.recv_async().await {
+            if take.send_async(()).await.is_err() {
+                break;
+            }
+            let give_back = give_back.clone();
+            let store = store.clone();
+            let config = config.clone();
+            let lake = lake.clone();
+            let status = status.clone();
+            let kind = req.kind() as usize;
+            status.io_in_flight[kind].fetch_add(1, Ordering::Relaxed);
+            // Encoding Parquet is CPU work: keep it off the thread that polls I/O.
+            tokio::task::spawn_blocking(move || {
+                futures::executor::block_on(handle_io(req, store.as_ref(), &config, &lake));
+                status.io_in_flight[kind].fetch_sub(1, Ordering::Relaxed);
+                let _ = give_back.try_recv();
+            });
+        }
+    });
+}
+
+/// Makes the local lake object at `path` durable: its data, and its entry in its folder (and
+/// the folders above it up to the lake, which the store may have just created). A checkpoint
+/// may refer to it once the shard hears it was written, and the checkpoint is fsynced.
+fn sync_object(lake: &std::path::Path, path: &object_store::path::Path) -> Result<(), String> {
+    let file = lake.join(path.as_ref());
+    let err = |e: std::io::Error| format!("syncing {}: {e}", file.display());
+    std::fs::File::open(&file)
+        .and_then(|f| f.sync_all())
+        .map_err(err)?;
+    let mut dir = file.parent();
+    while let Some(d) = dir {
+        crate::durable::sync_dir(d).map_err(err)?;
+        if d == lake {
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(())
+}
+
+async fn handle_io(
+    req: IoRequest,
+    store: &dyn ObjectStore,
+    config: &retina_storage::StorageConfig,
+    lake: &std::path::Path,
+) {
+    match req {
+        IoRequest::Flush {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            let result = file::flush_block(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|()| sync_object(lake, &job.path));
+            let _ = reply
+                .send_async(ShardMsg::Flushed {
+                    table,
+                    block: job.block,
+                    result,
+                })
+                .await;
+        }
+        IoRequest::Combine {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            let result = file::combine_blocks(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|f| sync_object(lake, &job.target).map(|()| f));
+            let _ = reply
+                .send_async(ShardMsg::Combined { table, job, result })
+                .await;
+        }
+        IoRequest::Rewrite {
+            schema,
+            table,
+            job,
+            reply,
+        } => {
+            // A rewrite that keeps no row writes no object: nothing to sync.
+            let result = file::rewrite_file(store, &schema, config, &job)
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|f| {
+                    if f.groups.is_empty() {
+                        Ok(f)
+                    } else {
+                        sync_object(lake, &job.target).map(|()| f)
+                    }
+                });
+            let _ = reply
+                .send_async(ShardMsg::Rewritten { table, job, result })
+                .await;
+        }
+        IoRequest::Delete { paths } => {
+            for p in paths {
+                if let Err(e) = store.delete(&p).await {
+                    tracing::warn!("deleting retired object {p}: {e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! The shard actor: one glommio executor pinned to its core, owning a storage [`Shard`], its
+//! visibility checkpoints and its scan service's running queries. It serves its control queue
+//! (from the coordinator) before its data queue (batches from the sink, reads, timer ticks and
+//! the I/O thread's answers); each arm of [`ShardActor::on_message`] is one call.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::future::Either;
+use retina_protocol::OpBatch;
+use retina_storage::buffer::CombineJob;
+use retina_storage::file::CombinedFile;
+use retina_storage::{
+    BlockId, FileId, RewriteJob, RowOp, Shard, StorageError, TableId, TableOpRef, Timestamp,
+};
+
+use super::msg::{ShardMsg, Watermarks};
+use super::vis_checkpoint::VisCheckpoints;
+use crate::catalog::Catalog;
+use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
+use crate::io::IoRequest;
+use crate::router::shard_of;
+use crate::rpc::RunningQueries;
+use crate::status::NodeStatus;
+
+/// What a shard needs from the node that starts it (sent to its executor's thread).
+pub struct ShardSetup {
+    pub id: u16,
+    pub shards: u16,
+    pub shard: Shard,
+    pub catalog: Arc<Catalog>,
+    pub coord: flume::Sender<CoordMsg>,
+    pub io: flume::Sender<IoRequest>,
+    pub status: Arc<NodeStatus>,
+    /// Its own data queue, for its timers, GC steps and scan service.
+    pub own: flume::Sender<ShardMsg>,
+    pub flush_interval: Duration,
+    pub gc_interval: Duration,
+    /// Storage GC rewrites a file once more than this fraction of it is dead (1: never).
+    pub dead_fraction: f64,
+    /// Where checkpoint images go, and whether the node takes checkpoints at all.
+    pub data_dir: PathBuf,
+    pub checkpoints: bool,
+    /// The watermarks the node starts with.
+    pub watermarks: Watermarks,
+    /// The scan service's bound listener, and the token its clients present.
+    pub scan_listener: Option<std::os::fd::RawFd>,
+    pub auth_token: Option<String>,
+}
+
+pub struct ShardActor {
+    id: u16,
+    shards: u16,
+    shard: Shard,
+    catalog: Arc<Catalog>,
+    coord: flume::Sender<CoordMsg>,
+    io: flume::Sender<IoRequest>,
+    status: Arc<NodeStatus>,
+    own: flume::Sender<ShardMsg>,
+    dead_fraction: f64,
+    data_dir: PathBuf,
+    checkpoints: bool,
+    watermarks: Watermarks,
+    vis: VisCheckpoints,
+    /// The running queries the scan service serves: on this core only, shared with it.
+    queries: Rc<RefCell<RunningQueries>>,
+    /// Set once a transaction fails: the shard applies nothing after it, but still answers
+    /// reads.
+    stopped: bool,
+    /// Reused for key bytes.
+    scratch: Vec<u8>,
+}
+
+impl ShardActor {
+    /// Starts the scan service and the timers, then serves `control` and `data` until
+    /// [`ShardMsg::Stop`].
+    pub async fn run(
+        setup: ShardSetup,
+        control: flume::Receiver<ShardMsg>,
+        data: flume::Receiver<ShardMsg>,
+    ) {
+        let queries = Rc::new(RefCell::new(RunningQueries::default()));
+        if let Some(fd) = setup.scan_listener {
+            // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
+            let listener =
+                unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            glommio::spawn_local(crate::rpc::serve_scan(
+                listener,
+                setup.own.clone(),
+                setup.catalog.clone(),
+                queries.clone(),
+                setup.auth_token.clone(),
+            ))
+            .detach();
+        }
+        // Timers never act: they send a tick into the actor.
+        let ticks: [(Duration, fn() -> ShardMsg); 2] = [
+            (setup.flush_interval, || ShardMsg::Tick),
+            (setup.gc_interval, || ShardMsg::GcTick),
+        ];
+        for (every, msg) in ticks {
+            let tick = setup.own.clone();
+            glommio::spawn_local(async move {
+                loop {
+                    glommio::timer::sleep(every).await;
+                    if tick.send_async(msg()).await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .detach();
+        }
+        let mut actor = ShardActor {
+            id: setup.id,
+            shards: setup.shards,
+            shard: setup.shard,
+            catalog: setup.catalog,
+            coord: setup.coord,
+            io: setup.io,
+            status: setup.status,
+            own: setup.own,
+            dead_fraction: setup.dead_fraction,
+            vis: VisCheckpoints::new(&setup.data_dir, setup.id),
+            data_dir: setup.data_dir,
+            checkpoints: setup.checkpoints,
+            watermarks: setup.watermarks,
+            queries,
+            stopped: false,
+            scratch: Vec::new(),
+        };
+        let mut control_open = true;
+        while let Some(msg) = next(&control, &data, &mut control_open).await {
+            if !actor.on_message(msg).await {
+                break;
+            }
+            glommio::yield_if_needed().await;
+        }
+    }
+
+    /// Handles one message; false once the actor stops.
+    async fn on_message(&mut self, msg: ShardMsg) -> bool {
+        match msg {
+            ShardMsg::Apply(bytes) => self.on_apply(&bytes).await,
+            ShardMsg::Snapshot {
+                table,
+                ts,
+                except,
+                reply,
+            } => drop(reply.send(self.snapshot(table, ts, &except))),
+            ShardMsg::Bitmaps {
+                file,
+                ts,
+                row_groups,
+                reply,
+            } => drop(reply.send(self.bitmaps(file, ts, &row_groups))),
+            ShardMsg::Tick => self.on_tick(),
+            ShardMsg::GcTick => self.on_gc(None),
+            ShardMsg::GcStep { table, safe } => self.on_gc(Some((table, safe))),
+            ShardMsg::Watermarks(w) => self.watermarks = w,
+            ShardMsg::VisCheckpoint { query, snapshot } => {
+                self.on_vis_checkpoint(query, snapshot).await
+            }
+            ShardMsg::DropVisCheckpoint { query } => self.vis.remove(query),
+            ShardMsg::QueryBegun {
+                query,
+                snapshot,
+                secret,
+            } => self.on_query_begun(query, snapshot, secret).await,
+            ShardMsg::QueryEnded { query } => self.queries.borrow_mut().ended(query),
+            ShardMsg::Checkpoint { id, ts } => self.on_checkpoint(id, ts).await,
+            ShardMsg::Flushed {
+                table,
+                block,
+                result,
+            } => self.on_flushed(table, block, result),
+            ShardMsg::Combined { table, job, result } => self.on_combined(table, job, result).await,
+            ShardMsg::Rewritten { table, job, result } => {
+                self.on_rewritten(table, job, result).await
+            }
+            ShardMsg::Stop => return false,
+        }
+        true
+    }
+
+    /// Applies one batch. After a transaction fails the shard applies nothing more.
+    async fn on_apply(&mut self, bytes: &[u8]) {
+        self.status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
+        if self.stopped {
+            return;
+        }
+        if let Err(failed) = self.apply(bytes) {
+            self.stopped = true;
+            self.report_failure(failed).await;
+            return;
+        }
+        let through = self.shard.applied_through();
+        let _ = self
+            .coord
+            .send_async(CoordMsg::Applied {
+                shard: self.id,
+                ts: through,
+            })
+            .await;
+    }
+
+    /// Applies every transaction of the batch and advances to its "applied through".
+    fn apply(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        let batch = OpBatch::access(bytes).map_err(|e| self.poisoned(e))?;
+        for txn in batch.txns.iter() {
+            let ts = Timestamp::new(txn.ts.to_native()).map_err(|e| self.poisoned(e))?;
+            // Routing is the sink's alone; a key that is not this shard's means a routing
+            // bug, and applying it would split the key across shards.
+            for op in txn.ops.iter() {
+                let Some(schema) = self.catalog.get(op.table()) else {
+                    return Err(Failure::Txn {
+                        ts,
+                        error: format!("unknown table id {}", op.table()),
+                    });
+                };
+                let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
+                    RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => [Some(r), None],
+                    RowOp::Update { before, after } => [Some(before), Some(after)],
+                    RowOp::Truncate => [None, None],
+                };
+                for r in rows.into_iter().flatten() {
+                    if schema.check_key(r).is_ok()
+                        && shard_of(schema, r, self.shards, &mut self.scratch) != self.id
+                    {
+                        return Err(Failure::Txn {
+                            ts,
+                            error: format!(
+                                "a key of table `{}` routed to the wrong shard",
+                                schema.name()
+                            ),
+                        });
+                    }
+                }
+            }
+            match self.shard.apply(ts, &txn.ops[..]) {
+                Ok(stats) => {
+                    self.status
+                        .rows_applied
+                        .fetch_add(stats.ops, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let error = match txn.source.as_str() {
+                        "" => e.to_string(),
+                        source => format!("{source}: {e}"),
+                    };
+                    return Err(Failure::Txn { ts, error });
+                }
+            }
+        }
+        let through =
+            Timestamp::new(batch.applied_through.to_native()).map_err(|e| self.poisoned(e))?;
+        self.shard.advance(through).map_err(|e| self.poisoned(e))
+    }
+
+    /// A batch this shard cannot read at all: the node fails.
+    fn poisoned(&self, e: impl std::fmt::Display) -> Failure {
+        self.status.fail(format!("shard {}: {e}", self.id));
+        Failure::Poisoned
+    }
+
+    /// The transaction at `ts` failed: everything before it was applied, so report that (HWM
+    /// may reach `ts`, never pass it), then the failure.
+    async fn report_failure(&mut self, failed: Failure) {
+        let Failure::Txn { ts, error } = failed else {
+            return;
+        };
+        let before = ts.prev_or_genesis();
+        if self
+            .shard
+            .advance(before.max(self.shard.applied_through()))
+            .is_ok()
+        {
+            let _ = self
+                .coord
+                .send_async(CoordMsg::Applied {
+                    shard: self.id,
+                    ts: before,
+                })
+                .await;
+        }
+        let _ = self
+            .coord
+            .send_async(CoordMsg::ShardFailed {
+                shard: self.id,
+                ts,
+                error,
+            })
+            .await;
+    }
+
+    /// What `table` looks like at `ts` without the files in `except`; a long query whose
+    /// snapshot memory GC passed reads from its visibility checkpoint.
+    fn snapshot(
+        &mut self,
+        table: TableId,
+        ts: Timestamp,
+        except: &[FileId],
+    ) -> retina_storage::Result<retina_storage::TableSnapshot> {
+        let r = self.shard.snapshot_except(table, ts, except);
+        if matches!(r, Err(StorageError::SnapshotTooOld { .. }))
+            && let Some(image) = self.vis.image(ts)
+        {
+            return self.shard.snapshot_with(table, ts, except, Some(&image));
+        }
+        r
+    }
+
+    /// The bitmaps of `file`'s `row_groups` at `ts` (from a visibility checkpoint likewise).
+    fn bitmaps(
+        &mut self,
+        file: FileId,
+        ts: Timestamp,
+        row_groups: &[u32],
+    ) -> retina_storage::Result<Vec<retina_storage::RowGroupBitmap>> {
+        let r = self.shard.row_group_bitmaps(file, ts, row_groups);
+        if matches!(r, Err(StorageError::SnapshotTooOld { .. }))
+            && let Some(image) = self.vis.image(ts)
+        {
+            return self
+                .shard
+                .row_group_bitmaps_with(file, ts, row_groups, Some(&image));
+        }
+        r
+    }
+
+    /// Hands full blocks and files to the I/O thread, retired objects no query or checkpoint
+    /// reads to deletion, and publishes the shard's memory.
+    fn on_tick(&mut self) {
+        let shard = &mut self.shard;
+        for (table, job) in shard.take_flush_jobs() {
+            let schema = shard.schema(table).expect("a shard's own table").clone();
+            let req = IoRequest::Flush {
+                schema,
+                table,
+                job,
+                reply: self.own.clone(),
+            };
+            if let Err(flume::TrySendError::Full(IoRequest::Flush { table, job, .. })) =
+                self.io.try_send(req)
+            {
+                shard.flush_failed(table, job.block);
+            }
+        }
+        for (table, job) in shard.take_combine_jobs() {
+            let schema = shard.schema(table).expect("a shard's own table").clone();
+            let req = IoRequest::Combine {
+                schema,
+                table,
+                job,
+                reply: self.own.clone(),
+            };
+            if let Err(flume::TrySendError::Full(IoRequest::Combine { table, job, .. })) =
+                self.io.try_send(req)
+            {
+                shard.combine_failed(table, job.file);
+            }
+        }
+        // Objects stay while any query may read them, a long one reading from its visibility
+        // checkpoint included. With checkpoints, an object leaves only once a checkpoint that
+        // does not read it is complete: a restart may load the one before.
+        let checkpointed = if self.checkpoints {
+            self.watermarks.checkpoint_id
+        } else {
+            u64::MAX
+        };
+        let paths = shard.take_deletable(self.watermarks.retain_lwm, checkpointed);
+        if !paths.is_empty()
+            && let Err(flume::TrySendError::Full(IoRequest::Delete { paths })) =
+                self.io.try_send(IoRequest::Delete { paths })
+        {
+            shard.defer_deletes(paths);
+        }
+        let m = shard.memory();
+        let mem = &self.status.shard_memory[usize::from(self.id)];
+        mem.index_bytes
+            .store(m.index_bytes as u64, Ordering::Relaxed);
+        mem.write_buffer_bytes
+            .store(m.write_buffer_bytes as u64, Ordering::Relaxed);
+        mem.visibility_bytes.store(
+            (m.visibility_bytes + self.vis.memory_bytes()) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Memory GC at `min(LWM, HWM - 1)`, and no further than this shard has applied. Both
+    /// watermarks only grow and LWM <= HWM - 1, so a query that begins after they were sent
+    /// reads at or above the fold point. One table per message: the next table's step goes
+    /// to the back of the shard's queue, so replay and scans go on between tables. After the
+    /// last table, storage GC picks the files to rewrite.
+    fn on_gc(&mut self, step: Option<(TableId, Timestamp)>) {
+        let (mut table, safe) = step.unwrap_or_else(|| {
+            let w = self.watermarks;
+            let safe = w
+                .lwm
+                .min(w.hwm.snapshot())
+                .min(self.shard.applied_through());
+            (0, safe)
+        });
+        let tables = self.shard.table_count() as TableId;
+        while table < tables {
+            let start = Instant::now();
+            let dropped = self.shard.gc_table(table, safe);
+            tracing::debug!(
+                "shard {}: memory GC of table {table} at {safe} dropped {dropped} index versions in {:?}",
+                self.id,
+                start.elapsed()
+            );
+            table += 1;
+            if table < tables {
+                match self.own.try_send(ShardMsg::GcStep { table, safe }) {
+                    Ok(()) => return,
+                    // A full queue: the rest now.
+                    Err(_) => continue,
+                }
+            }
+        }
+        self.status.gc_runs.fetch_add(1, Ordering::Relaxed);
+        if self.dead_fraction >= 1.0 {
+            return;
+        }
+        let jobs = match self.shard.take_rewrite_jobs(safe, self.dead_fraction) {
+            Ok(jobs) => jobs,
+            Err(e) => {
+                tracing::warn!("shard {}: storage GC at {safe}: {e}", self.id);
+                return;
+            }
+        };
+        for (table, job) in jobs {
+            let schema = self
+                .shard
+                .schema(table)
+                .expect("a shard's own table")
+                .clone();
+            let req = IoRequest::Rewrite {
+                schema,
+                table,
+                job,
+                reply: self.own.clone(),
+            };
+            // Not sent (a full queue, or the I/O thread is gone): the file stays as it was.
+            if let Err(e) = self.io.try_send(req)
+                && let IoRequest::Rewrite { table, job, .. } = e.into_inner()
+            {
+                self.shard.rewrite_failed(table, job.file);
+            }
+        }
+    }
+
+    /// Writes query `query`'s bitmaps at `snapshot` to a file and reports to the coordinator.
+    async fn on_vis_checkpoint(&mut self, query: QueryId, snapshot: Timestamp) {
+        let ok = match self.vis.write(&self.shard, query, snapshot).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "shard {}: visibility checkpoint of query {query}: {e}",
+                    self.id
+                );
+                false
+            }
+        };
+        let _ = self
+            .coord
+            .send_async(CoordMsg::VisCheckpointDone {
+                query,
+                shard: self.id,
+                ok,
+            })
+            .await;
+    }
+
+    /// The scan service serves `query` from now on; the coordinator hears so.
+    async fn on_query_begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        self.queries.borrow_mut().begun(query, snapshot, secret);
+        let _ = self
+            .coord
+            .send_async(CoordMsg::QueryKnown {
+                query,
+                shard: self.id,
+            })
+            .await;
+    }
+
+    /// Writes this shard's image of checkpoint `id` and reports whether it is durable.
+    async fn on_checkpoint(&mut self, id: u64, ts: Timestamp) {
+        let ok = !self.stopped && self.write_checkpoint(id, ts).await;
+        let _ = self
+            .coord
+            .send_async(CoordMsg::CheckpointDone {
+                id,
+                shard: self.id,
+                ok,
+            })
+            .await;
+    }
+
+    /// Writes this shard's image of checkpoint `id` durably; false if it could not. The
+    /// barrier comes right after the batch through `ts`, so the shard is exactly at `ts`. A
+    /// failed write poisons the node: it stops rather than carry on with a checkpoint it
+    /// cannot trust.
+    async fn write_checkpoint(&mut self, id: u64, ts: Timestamp) -> bool {
+        if self.shard.applied_through() != ts {
+            tracing::warn!(
+                "shard {}: checkpoint {id} at {ts} skipped: applied through {}",
+                self.id,
+                self.shard.applied_through()
+            );
+            return false;
+        }
+        let path = checkpoint_dir(&self.data_dir, id).join(format!("shard-{}.ckpt", self.id));
+        let bytes = match self.shard.checkpoint(id).and_then(|image| image.encode()) {
+            Ok(b) => b,
+            Err(e) => {
+                self.status
+                    .fail(format!("shard {}: checkpoint {id}: {e}", self.id));
+                return false;
+            }
+        };
+        match crate::durable::write_file(&path, &bytes).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.status.fail(format!(
+                    "shard {}: writing {}: {e}; the node stops rather than trust a partial \
+                     checkpoint",
+                    self.id,
+                    path.display()
+                ));
+                false
+            }
+        }
+    }
+
+    fn on_flushed(&mut self, table: TableId, block: BlockId, result: Result<(), String>) {
+        match result {
+            Ok(()) => self.shard.flush_done(table, block),
+            Err(e) => {
+                tracing::warn!(
+                    "shard {}: flushing {block:?} failed, will retry: {e}",
+                    self.id
+                );
+                self.shard.flush_failed(table, block);
+            }
+        }
+    }
+
+    async fn on_combined(
+        &mut self,
+        table: TableId,
+        job: CombineJob,
+        result: Result<CombinedFile, String>,
+    ) {
+        let combined = match result {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(
+                    "shard {}: combining file {} failed, will retry: {e}",
+                    self.id,
+                    job.file
+                );
+                self.shard.combine_failed(table, job.file);
+                return;
+            }
+        };
+        // The coordinator lists the file in later scan plans; until it has it, the scan
+        // service hands the file out with the write buffer.
+        let _ = self
+            .coord
+            .send_async(CoordMsg::FileAdded {
+                table,
+                file: PlanFile {
+                    file: job.file,
+                    path: job.target.clone(),
+                    bytes: combined.bytes,
+                    shard: self.id,
+                    row_groups: combined.groups.clone(),
+                    min_snapshot: Timestamp::GENESIS,
+                    superseded_from: None,
+                },
+            })
+            .await;
+        self.shard.combine_done(table, job, combined.groups)
+    }
+
+    /// A storage-GC rewrite finished: switch to the new file and tell the coordinator, which
+    /// lists it in later plans (the shard's scan service already serves it).
+    async fn on_rewritten(
+        &mut self,
+        table: TableId,
+        job: RewriteJob,
+        result: Result<CombinedFile, String>,
+    ) {
+        let written = match result {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(
+                    "shard {}: rewriting file {} failed, a later GC may retry: {e}",
+                    self.id,
+                    job.file
+                );
+                self.shard.rewrite_failed(table, job.file);
+                return;
+            }
+        };
+        let replaced = match self.shard.rewrite_done(table, &job, written.groups.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.status.fail(format!(
+                    "shard {}: switching to rewritten file {}: {e}",
+                    self.id, job.target_file
+                ));
+                return;
+            }
+        };
+        self.status.files_rewritten.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            "shard {}: storage GC rewrote file {} into {:?} ({} rows kept of {})",
+            self.id,
+            job.file,
+            replaced.by,
+            job.kept_rows(),
+            job.rows
+        );
+        let new = replaced.by.map(|file| PlanFile {
+            file,
+            path: job.target.clone(),
+            bytes: written.bytes,
+            shard: self.id,
+            row_groups: written.groups,
+            min_snapshot: replaced.from,
+            superseded_from: None,
+        });
+        let _ = self
+            .coord
+            .send_async(CoordMsg::FileReplaced {
+                table,
+                old: replaced.file,
+                new,
+                from: replaced.from,
+            })
+            .await;
+    }
+}
+
+/// Why a batch stopped applying.
+enum Failure {
+    /// The transaction at `ts` could not be applied; everything before it was.
+    Txn { ts: Timestamp, error: String },
+    /// The batch itself is unreadable (already reported to the node).
+    Poisoned,
+}
+
+/// The next message: the coordinator's control queue first, then whichever queue has one.
+async fn next(
+    control: &flume::Receiver<ShardMsg>,
+    data: &flume::Receiver<ShardMsg>,
+    control_open: &mut bool,
+) -> Option<ShardMsg> {
+    if *control_open {
+        match control.try_recv() {
+            Ok(m) => return Some(m),
+            Err(flume::TryRecvError::Disconnected) => *control_open = false,
+            Err(flume::TryRecvError::Empty) => {}
+        }
+    }
+    if !*control_open {
+        return data.recv_async().await.ok();
+    }
+    // Polled in order: a control message ready with a data one wins.
+    match futures::future::select(control.recv_async(), data.recv_async()).await {
+        Either::Left((Ok(m), _)) => Some(m),
+        Either::Left((Err(_), data)) => {
+            *control_open = false;
+            data.await.ok()
+        }
+        Either::Right((m, _)) => m.ok(),
+    }
+}
