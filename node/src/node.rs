@@ -264,7 +264,7 @@ impl Node {
                                     fd,
                                 )
                             };
-                            glommio::spawn_local(crate::rpc::serve(
+                            glommio::spawn_local(crate::coordinator::service::serve(
                                 listener, coord, catalog, token, lease_ms, endpoints, store_url,
                             ))
                             .detach();

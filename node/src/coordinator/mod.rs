@@ -6,6 +6,7 @@
 //! - [`state`]: its deterministic state ([`CoordinatorState`]), with the plans' file lists
 //!   ([`plan`]), checked after every message in debug builds.
 //! - [`persist`]: what it keeps durable, and where checkpoints live.
+//! - [`service`]: its Cap'n Proto service, a message to the actor per call.
 //! - [`query`] and [`error`]: the vocabulary of queries and refusals.
 //!
 //! Timestamps restart after the newest complete checkpoint: a restarted node replays the
@@ -18,6 +19,7 @@ pub mod msg;
 pub mod persist;
 pub mod plan;
 pub mod query;
+pub mod service;
 pub mod state;
 
 pub use error::{BeginRefused, CoordinatorError, catching_up};

@@ -19,12 +19,12 @@ use retina_storage::{
 };
 
 use super::msg::{ShardMsg, Watermarks};
+use super::scan_service::{RunningQueries, serve_scan};
 use super::vis_checkpoint::VisCheckpoints;
 use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
 use crate::io::IoRequest;
 use crate::router::shard_of;
-use crate::rpc::RunningQueries;
 use crate::status::NodeStatus;
 
 /// What a shard needs from the node that starts it (sent to its executor's thread).
@@ -88,7 +88,7 @@ impl ShardActor {
             // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
             let listener =
                 unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            glommio::spawn_local(crate::rpc::serve_scan(
+            glommio::spawn_local(serve_scan(
                 listener,
                 setup.own.clone(),
                 setup.catalog.clone(),

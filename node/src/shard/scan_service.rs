@@ -1,0 +1,407 @@
+//! A shard's Cap'n Proto scan service, beside the shard on its core: bitmaps of a regular
+//! file's row groups and the write buffer, at a running query's snapshot. Each call is checked
+//! against the running queries the coordinator told the shard of ([`RunningQueries`]),
+//! presented with their secret, then a message to the shard, answered from its state.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use retina_protocol::retina_capnp::{bootstrap, scan_service};
+use retina_storage::{StorageError, Timestamp};
+
+use super::msg::ShardMsg;
+use crate::catalog::Catalog;
+use crate::coordinator::QueryId;
+use crate::rpc::{
+    Bootstrap, MAX_KNOWN_FILES, MAX_PART_BYTES, MAX_ROW_GROUPS_PER_CALL, Service, accept_loop,
+    stopped,
+};
+
+/// Serves one shard's scan service on `listener`, beside the shard on its core: each call is
+/// checked against the running queries, then a message to the shard, answered from its state.
+pub async fn serve_scan(
+    listener: glommio::net::TcpListener,
+    shard: flume::Sender<ShardMsg>,
+    catalog: Arc<Catalog>,
+    queries: Rc<RefCell<RunningQueries>>,
+    auth_token: Option<String>,
+) {
+    let scan: scan_service::Client = capnp_rpc::new_client(ScanService {
+        shard,
+        catalog,
+        queries,
+    });
+    let bootstrap: bootstrap::Client = capnp_rpc::new_client(Bootstrap {
+        service: Service::Scan(scan),
+        auth_token,
+    });
+    let make = move || (bootstrap.clone(), None);
+    accept_loop(listener, make, "scan service").await;
+}
+
+/// The queries a shard's scan service serves, as the coordinator told the shard: each with
+/// its snapshot and secret. Lives on the shard's core; bounded by the coordinator's limits on
+/// running queries.
+#[derive(Default)]
+pub struct RunningQueries {
+    running: HashMap<QueryId, (Timestamp, u64)>,
+    /// Ended queries whose `QueryBegun` has not come yet (an end may overtake it): it is then
+    /// dropped. An entry leaves when that message comes.
+    ended_early: HashSet<QueryId>,
+}
+
+impl RunningQueries {
+    pub fn begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        if !self.ended_early.remove(&query) {
+            self.running.insert(query, (snapshot, secret));
+        }
+    }
+
+    pub fn ended(&mut self, query: QueryId) {
+        if self.running.remove(&query).is_none() {
+            self.ended_early.insert(query);
+        }
+    }
+
+    /// The snapshot of running query `query` if `secret` is its secret.
+    pub fn snapshot(&self, query: QueryId, secret: u64) -> Option<Timestamp> {
+        self.running
+            .get(&query)
+            .filter(|(_, s)| *s == secret)
+            .map(|(ts, _)| *ts)
+    }
+}
+
+struct ScanService {
+    shard: flume::Sender<ShardMsg>,
+    catalog: Arc<Catalog>,
+    queries: Rc<RefCell<RunningQueries>>,
+}
+
+/// Why a scan call is refused before it reaches the shard.
+enum Refused {
+    Invalid(String),
+    /// The query id: not running, or presented with a wrong secret.
+    NotRunning(u64),
+}
+
+impl Refused {
+    fn write(self, mut b: retina_protocol::retina_capnp::error::Builder<'_>) {
+        match self {
+            Refused::Invalid(text) => b.set_invalid_argument(text),
+            Refused::NotRunning(id) => b.set_lease_expired(id),
+        }
+    }
+}
+
+impl ScanService {
+    /// The snapshot a call may read: a timestamp, and the snapshot of the running query it
+    /// names.
+    fn admit(&self, query: u64, secret: u64, snapshot: u64) -> Result<Timestamp, Refused> {
+        let ts = Timestamp::new(snapshot)
+            .map_err(|e| Refused::Invalid(format!("snapshot {snapshot}: {e}")))?;
+        let theirs = self
+            .queries
+            .borrow()
+            .snapshot(query, secret)
+            .ok_or(Refused::NotRunning(query))?;
+        if theirs != ts {
+            return Err(Refused::Invalid(format!(
+                "snapshot {snapshot} is not query {query}'s snapshot {theirs}"
+            )));
+        }
+        Ok(ts)
+    }
+}
+
+fn words(bitmap: &[u64]) -> Vec<u8> {
+    bitmap.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Bits `start..start + len` of `bitmap` as a bitmap of their own.
+fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
+    let mut out = vec![0u64; len.div_ceil(64) as usize];
+    for i in 0..len {
+        let at = start + i;
+        let set = bitmap
+            .get((at / 64) as usize)
+            .is_some_and(|w| w >> (at % 64) & 1 == 1);
+        if set {
+            out[(i / 64) as usize] |= 1 << (i % 64);
+        }
+    }
+    out
+}
+
+impl scan_service::Server for ScanService {
+    async fn bitmaps(
+        self: Rc<Self>,
+        params: scan_service::BitmapsParams,
+        mut results: scan_service::BitmapsResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let list = p.get_row_groups()?;
+        let admitted = self
+            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .and_then(|ts| {
+                if list.len() > MAX_ROW_GROUPS_PER_CALL {
+                    return Err(Refused::Invalid(format!(
+                        "{} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call",
+                        list.len()
+                    )));
+                }
+                Ok(ts)
+            });
+        let ts = match admitted {
+            Ok(ts) => ts,
+            Err(r) => {
+                r.write(results.get().init_result().init_error());
+                return Ok(());
+            }
+        };
+        let mut row_groups: Vec<u32> = list.iter().collect();
+        row_groups.sort_unstable();
+        row_groups.dedup();
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(ShardMsg::Bitmaps {
+                file: retina_storage::FileId(p.get_file_id()),
+                ts,
+                row_groups,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        let result = results.get().init_result();
+        match rx.recv_async().await.map_err(|_| stopped())? {
+            Ok(groups) => {
+                let mut list = result.init_ok(groups.len() as u32);
+                for (i, g) in groups.iter().enumerate() {
+                    let mut b = list.reborrow().get(i as u32);
+                    b.set_row_group(g.row_group);
+                    b.set_rows(g.rows);
+                    b.set_deleted(&words(&g.deleted));
+                }
+            }
+            Err(StorageError::UnknownFile(id)) => result.init_error().set_unknown_file(id),
+            Err(e @ StorageError::OffsetOutOfRange { .. }) => {
+                result.init_error().set_invalid_argument(e.to_string())
+            }
+            Err(e) => retina_protocol::query::write_error(result.init_error(), &e),
+        }
+        Ok(())
+    }
+
+    async fn write_buffer(
+        self: Rc<Self>,
+        params: scan_service::WriteBufferParams,
+        mut results: scan_service::WriteBufferResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let known_list = p.get_known_files()?;
+        let column_list = p.get_columns()?;
+        let table = p.get_table();
+        let admitted = self
+            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .and_then(|ts| {
+                if known_list.len() > MAX_KNOWN_FILES {
+                    return Err(Refused::Invalid(format!(
+                        "{} known files: at most {MAX_KNOWN_FILES}",
+                        known_list.len()
+                    )));
+                }
+                let Some(schema) = self.catalog.get(table) else {
+                    // The shard answers unknownTable.
+                    return Ok((ts, None));
+                };
+                let columns = schema.columns().len();
+                let mut seen = vec![false; columns];
+                let mut projection = Vec::with_capacity(column_list.len() as usize);
+                for c in column_list.iter() {
+                    let c = usize::from(c);
+                    if c >= columns || std::mem::replace(&mut seen[c], true) {
+                        return Err(Refused::Invalid(format!(
+                            "column {c} of {}: not a column, or named twice",
+                            schema.name()
+                        )));
+                    }
+                    projection.push(c);
+                }
+                if projection.is_empty() {
+                    return Ok((ts, None));
+                }
+                projection.push(schema.create_ts_index());
+                Ok((ts, Some(projection)))
+            });
+        let (ts, projection) = match admitted {
+            Ok(a) => a,
+            Err(r) => {
+                r.write(results.get().init_result().init_error());
+                return Ok(());
+            }
+        };
+        let mut known: Vec<_> = known_list.iter().map(retina_storage::FileId).collect();
+        // Sorted, so the shard finds each file by binary search.
+        known.sort_unstable();
+        known.dedup();
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(ShardMsg::Snapshot {
+                table,
+                ts,
+                except: known,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        let snapshot = rx.recv_async().await.map_err(|_| stopped())?;
+        let result = results.get().init_result();
+        let snap = match snapshot {
+            Ok(s) => s,
+            Err(e) => {
+                retina_protocol::query::write_error(result.init_error(), &e);
+                return Ok(());
+            }
+        };
+        // Memory blocks as Arrow IPC in pieces of at most MAX_PART_BYTES.
+        let mut parts = Vec::with_capacity(snap.parts.len());
+        for part in &snap.parts {
+            match &part.data {
+                retina_storage::BlockData::Memory(batch) => {
+                    let batch = match &projection {
+                        Some(p) => batch
+                            .project(p)
+                            .map_err(|e| capnp::Error::failed(e.to_string()))?,
+                        None => batch.clone(),
+                    };
+                    for (start, len, ipc) in ipc_pieces(&batch, MAX_PART_BYTES)? {
+                        let deleted = bits(&part.deleted, start, len);
+                        parts.push((part.file, part.offset + start, len, deleted, Ok(ipc)));
+                    }
+                }
+                retina_storage::BlockData::Object(path) => parts.push((
+                    part.file,
+                    part.offset,
+                    part.rows,
+                    part.deleted.clone(),
+                    Err(path.as_ref().to_owned()),
+                )),
+            }
+        }
+        let mut list = result.init_ok(parts.len() as u32);
+        for (i, (file, offset, rows, deleted, data)) in parts.iter().enumerate() {
+            let mut b = list.reborrow().get(i as u32);
+            b.set_file_id(file.0);
+            b.set_offset(*offset);
+            b.set_rows(*rows);
+            b.set_deleted(&words(deleted));
+            match data {
+                Ok(ipc) => b.set_memory(ipc),
+                Err(path) => b.set_path(path),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `batch` as Arrow IPC streams of at most `max_bytes` each where a row allows: `(first row,
+/// rows, bytes)`, halving a piece until it fits.
+fn ipc_pieces(
+    batch: &arrow::record_batch::RecordBatch,
+    max_bytes: usize,
+) -> Result<Vec<(u64, u64, Vec<u8>)>, capnp::Error> {
+    // A first cut from the in-memory size, so a huge block is not encoded whole first.
+    let rows = batch.num_rows();
+    let estimate = batch.get_array_memory_size();
+    let pieces = estimate.div_ceil(max_bytes).clamp(1, rows.max(1));
+    let step = rows.div_ceil(pieces).max(1);
+    let mut todo: Vec<(usize, usize)> = (0..rows)
+        .step_by(step)
+        .map(|s| (s, step.min(rows - s)))
+        .rev()
+        .collect();
+    if rows == 0 {
+        todo.push((0, 0));
+    }
+    let mut out = Vec::new();
+    while let Some((start, len)) = todo.pop() {
+        let bytes = ipc_bytes(&batch.slice(start, len))?;
+        if bytes.len() > max_bytes && len > 1 {
+            let half = len / 2;
+            todo.push((start + half, len - half));
+            todo.push((start, half));
+            continue;
+        }
+        if bytes.len() >= (1 << 29) {
+            return Err(capnp::Error::failed(format!(
+                "a row of {} bytes is over Cap'n Proto's limit on one Data",
+                bytes.len()
+            )));
+        }
+        out.push((start as u64, len as u64, bytes));
+    }
+    Ok(out)
+}
+/// A batch as an Arrow IPC stream.
+fn ipc_bytes(batch: &arrow::record_batch::RecordBatch) -> Result<Vec<u8>, capnp::Error> {
+    let mut out = Vec::new();
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    w.write(batch)
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    w.finish()
+        .map_err(|e| capnp::Error::failed(e.to_string()))?;
+    drop(w);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::record_batch::RecordBatch;
+
+    #[test]
+    fn a_large_block_goes_out_in_bounded_pieces_that_cover_it_once() {
+        let rows = 300;
+        let text: Vec<String> = (0..rows).map(|i| format!("{i:0>1000}")).collect();
+        let batch = RecordBatch::try_from_iter([
+            (
+                "v",
+                Arc::new(StringArray::from(text)) as arrow::array::ArrayRef,
+            ),
+            (
+                "_create_ts",
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)) as _,
+            ),
+        ])
+        .unwrap();
+        let max = 64 << 10;
+        let pieces = ipc_pieces(&batch, max).unwrap();
+        assert!(pieces.len() >= 4, "{} pieces", pieces.len());
+        let mut next = 0;
+        for (start, len, bytes) in &pieces {
+            assert_eq!(*start, next, "pieces are contiguous");
+            assert!(bytes.len() <= max, "{} bytes", bytes.len());
+            let back: Vec<RecordBatch> =
+                arrow::ipc::reader::StreamReader::try_new(&bytes[..], None)
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+            let back = arrow::compute::concat_batches(&batch.schema(), &back).unwrap();
+            assert_eq!(back, batch.slice(*start as usize, *len as usize));
+            next += len;
+        }
+        assert_eq!(next, rows as u64);
+    }
+
+    #[test]
+    fn a_piece_s_bitmap_is_its_rows_bits() {
+        let bitmap = [0b1010u64 | 1 << 63, 0b1];
+        assert_eq!(bits(&bitmap, 1, 3), vec![0b101]);
+        assert_eq!(bits(&bitmap, 63, 2), vec![0b11]);
+        assert_eq!(bits(&bitmap, 64, 70), vec![1, 0]);
+    }
+}
