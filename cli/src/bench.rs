@@ -330,7 +330,7 @@ fn replay(
                 max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
             };
             let start = Instant::now();
-            let report = run_sink(node.handle(), &options, &AtomicBool::new(false));
+            let report = run_sink(node.handle(), &options);
             anyhow::ensure!(
                 report.stopped_by.is_none(),
                 "replay stopped: {:?}",

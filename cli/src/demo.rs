@@ -10,7 +10,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions, NodeStatus};
 use retina_node::settings::Settings;
-use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use retina_node::sink::{OnError, SinkOptions, SourceSpec};
 use retina_query::{Format, Retina, write_batches};
 
 use crate::bench::{now_us, percentile};
@@ -180,9 +180,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let addr = node.coordinator_addr().expect("the node listens");
     let handle = node.handle().clone();
     let status = handle.status().clone();
-    let stop = Arc::new(AtomicBool::new(false));
     let sink = {
-        let (handle, stop) = (handle.clone(), stop.clone());
         let options = SinkOptions {
             source: SourceSpec::File(changes.clone()),
             follow: true,
@@ -194,9 +192,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             checkpoint_interval: Some(checkpoint_interval),
             max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
         };
-        std::thread::Builder::new()
-            .name("retina-sink".into())
-            .spawn(move || run_sink(&handle, &options, &stop))?
+        retina_node::sink::spawn(handle.clone(), options)?
     };
     println!("  node: {shards} shards, queries on {addr} (Cap'n Proto)");
     let load_start = Instant::now();
@@ -312,8 +308,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         println!("  replay stopped: {e}");
     }
 
-    stop.store(true, Ordering::Relaxed);
-    let _ = sink.join();
+    let _ = sink.stop_and_join();
     node.shutdown();
     println!("  done in {:.0} s", started.elapsed().as_secs_f64());
     if args.keep {

@@ -11,13 +11,14 @@ use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
-use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use retina_node::sink::{OnError, SinkOptions, SourceSpec};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// What the serving thread waits for.
 enum Event {
     Signal(i32),
-    SinkDone(retina_node::sink::SinkReport),
+    /// The sink's run ended; its handle has the report.
+    SinkDone,
 }
 
 #[derive(clap::Args)]
@@ -105,13 +106,11 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(
         "serving {} tables on {shards} shards from {}; data in {}",
         catalog.tables().len(),
-        match &args.source {
-            SourceSpec::File(p) => p.display().to_string(),
-            SourceSpec::Stdin => "stdin".into(),
-        },
+        args.source,
         args.data_dir.display()
     );
 
+    // Stops the metrics server.
     let stop = Arc::new(AtomicBool::new(false));
     // The node's status, for metrics: a node restarted to skip a refused transaction has a
     // new one.
@@ -128,7 +127,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let options = Arc::new(SinkOptions {
+    let options = SinkOptions {
         source: args.source.clone(),
         follow: args.follow,
         mode: if args.no_txn_metadata {
@@ -145,7 +144,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         group_commit_interval,
         checkpoint_interval,
         max_txn_bytes,
-    });
+    };
 
     // Signals and the sink's end arrive on one queue.
     let (events, next) = flume::bounded::<Event>(4);
@@ -164,18 +163,15 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     let signal = loop {
         let sink = {
-            let handle = node.handle().clone();
-            let (stop, options, events) = (stop.clone(), options.clone(), events.clone());
-            std::thread::Builder::new()
-                .name("retina-sink".into())
-                .spawn(move || {
-                    let report = run_sink(&handle, &options, &stop);
-                    let _ = events.send(Event::SinkDone(report));
-                })?
+            let events = events.clone();
+            retina_node::sink::spawn_with(node.handle().clone(), options.clone(), move || {
+                let _ = events.send(Event::SinkDone);
+            })?
         };
         // Serve until SIGTERM or Ctrl-C.
         match next.recv().expect("this thread holds a sender") {
             Event::Signal(signal) => {
+                sink.stop();
                 stop.store(true, Ordering::Relaxed);
                 // A sink blocked on stdin cannot be interrupted; give it a moment, then go on
                 // without it.
@@ -187,7 +183,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 }
                 break signal;
             }
-            Event::SinkDone(report) => {
+            Event::SinkDone => {
+                // `on_end` runs only once the run has returned its report.
+                let report = sink.join().expect("the sink's run ended");
                 if let Some(why) = &report.restart {
                     tracing::warn!("{why}; restarting from the checkpoint to replay without it");
                     node.shutdown();

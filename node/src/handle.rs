@@ -16,8 +16,8 @@ use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, LOCAL, QueryId, SourceMark};
 use crate::debezium::DecimalHandling;
 use crate::error::NodeError;
-use crate::router::shard_of;
 use crate::shard::ShardMsg;
+use crate::sink::route::shard_of;
 use crate::status::NodeStatus;
 
 /// A cheap handle to a running node: submit transactions, read tables, watch status.

@@ -14,7 +14,6 @@ pub mod io;
 pub mod metrics;
 pub mod node;
 pub mod recovery;
-pub mod router;
 pub mod rpc;
 pub mod settings;
 pub mod shard;

@@ -9,7 +9,6 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
@@ -209,7 +208,7 @@ fn sink_with(
         checkpoint_interval: None,
         max_txn_bytes,
     };
-    run_sink(node.handle(), &options, &AtomicBool::new(false))
+    run_sink(node.handle(), &options)
 }
 
 /// The visible rows of every table at the node's snapshot, as model rows.
@@ -700,7 +699,6 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
     f.write_all(&text.as_bytes()[..cut]).unwrap();
     f.flush().unwrap();
     let node = start(&dir.path().join("data"), 2);
-    let stop = Arc::new(AtomicBool::new(false));
     let options = SinkOptions {
         source: SourceSpec::File(path.clone()),
         follow: true,
@@ -712,8 +710,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         checkpoint_interval: None,
         max_txn_bytes: Settings::default().max_txn_bytes,
     };
-    let (h, s) = (node.handle().clone(), stop.clone());
-    let sink = std::thread::spawn(move || run_sink(&h, &options, &s));
+    let sink = retina_node::sink::spawn(node.handle().clone(), options).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     f.write_all(&text.as_bytes()[cut..]).unwrap();
     f.flush().unwrap();
@@ -732,8 +729,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let report = sink.join().unwrap();
+    let report = sink.stop_and_join().unwrap();
     assert_eq!((report.stopped_by, report.transactions), (None, 1));
     node.shutdown();
 }

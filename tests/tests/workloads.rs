@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use retina_bench::workload::Txn;
@@ -107,7 +106,6 @@ fn replay_and_compare(
             checkpoint_interval: None,
             max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
         },
-        &AtomicBool::new(false),
     );
     assert_eq!(report.stopped_by, None);
     assert_eq!(report.transactions, txns.len() as u64);

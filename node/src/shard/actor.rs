@@ -24,7 +24,7 @@ use super::vis_checkpoint::VisCheckpoints;
 use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
 use crate::io::IoRequest;
-use crate::router::shard_of;
+use crate::sink::route::shard_of;
 use crate::status::NodeStatus;
 
 /// What a shard needs from the node that starts it (sent to its executor's thread).

@@ -1,90 +1,26 @@
-//! The sink: reads a Debezium JSON source, rebuilds its transactions, and hands them to the
-//! node in groups. A bad transaction either stops replay (HWM stays before it; everything
-//! earlier stays committed and queryable) or, with `--on-error skip`, goes whole to a
-//! dead-letter file with the reason, and replay goes on. Never a partial transaction.
+//! The sink actor's run: read the source line by line, assemble transactions, hand them to
+//! the node in groups (the node routes their rows to the shards), put checkpoint barriers
+//! after them, and deal with bad transactions (stop, or dead-letter and go on). Between lines
+//! it reads its inbox ([`SinkMsg`]).
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::collections::{BTreeSet, VecDeque};
+use std::io::{BufRead, BufReader};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use flume::{Receiver, RecvTimeoutError};
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
+use super::dead_letter::{DeadLetter, dead_letter_offsets, marker};
+use super::msg::{SinkMsg, SinkReport};
+use super::options::{OnError, SinkOptions};
+use super::source::{self, SourceSpec, SourceState, read_span};
 use crate::coordinator::SourceMark;
 use crate::debezium::{
-    DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler, TxnMode,
-    parse_line_with,
+    DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler, parse_line_with,
 };
 use crate::node::NodeHandle;
-
-/// Where change events come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SourceSpec {
-    File(PathBuf),
-    Stdin,
-}
-
-impl FromStr for SourceSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stdin" | "-" => Ok(SourceSpec::Stdin),
-            _ => match s.strip_prefix("file:") {
-                Some(p) if !p.is_empty() => Ok(SourceSpec::File(p.into())),
-                _ => Err(format!("source `{s}`: expected `file:PATH` or `stdin`")),
-            },
-        }
-    }
-}
-
-/// What to do with a transaction that cannot be replayed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum OnError {
-    /// Stop replay before it; keep serving what was replayed.
-    Stop,
-    /// Write it to the dead-letter file and go on.
-    Skip,
-}
-
-pub struct SinkOptions {
-    pub source: SourceSpec,
-    /// Keep reading at the end of a file, like `tail -f`.
-    pub follow: bool,
-    pub mode: TxnMode,
-    pub on_error: OnError,
-    pub dead_letter: PathBuf,
-    pub max_group_txns: usize,
-    /// A group closes once open this long.
-    pub group_commit_interval: Duration,
-    /// How often to put a checkpoint barrier after the group just sent (`None`: never).
-    pub checkpoint_interval: Option<Duration>,
-    /// Most bytes of source text an open transaction may hold (`max_txn_bytes`).
-    pub max_txn_bytes: u64,
-}
-
-/// How a sink run ended.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct SinkReport {
-    pub lines: u64,
-    pub transactions: u64,
-    pub dead_lettered: u64,
-    pub duplicates_skipped: u64,
-    /// The timestamp of the last transaction handed to the node.
-    pub last_ts: Option<u64>,
-    /// The error that stopped replay, if one did.
-    pub stopped_by: Option<String>,
-    /// Checkpoint barriers put into the shards' streams.
-    pub checkpoints: u64,
-    /// With `--on-error skip`, a shard refused a transaction (a duplicate key, a missing row):
-    /// it is in the dead-letter file, and the node must restart from its checkpoint and run
-    /// the sink again, which then skips it (the shards applied other transactions after it
-    /// that may have read what it half wrote). Says which one.
-    pub restart: Option<String>,
-}
 
 /// How long a follower waits at the end of its file before looking again.
 const FOLLOW_POLL: Duration = Duration::from_millis(5);
@@ -104,48 +40,25 @@ const CHECKPOINT_IDS: usize = 8192;
 
 type Ops = Vec<TableOp<Vec<Value>>>;
 
-/// A source opened at its resume position: its name, its reader, and its size then (files).
-type OpenedSource = (Arc<str>, Box<dyn Read + Send>, Option<u64>);
-
-/// Runs the sink until the source ends (or, following, until `stop`), or an error stops it.
+/// Runs the sink on this thread until the source ends (or, following, until a
+/// [`SinkMsg::Stop`] arrives in `inbox`) or an error stops it. `inbox` is read before each
+/// line and while waiting for more of a followed source; once no sender is left it is not read
+/// again, and the run goes on to the end of its source.
+///
 /// After a restart it resumes where the node's checkpoint was taken (a file is read from that
 /// byte; stdin is read from its start and that many bytes are skipped: it must be the same
 /// stream), and says once it replayed as far as the source reached before.
-pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> SinkReport {
+pub(super) fn run(
+    node: &NodeHandle,
+    options: &SinkOptions,
+    inbox: &Receiver<SinkMsg>,
+) -> SinkReport {
     let resume = node.resume().unwrap_or_default();
-    let opened: std::io::Result<OpenedSource> = match &options.source {
-        SourceSpec::Stdin => {
-            let mut input = std::io::stdin();
-            std::io::copy(&mut (&mut input).take(resume.offset), &mut std::io::sink()).map(
-                |skipped| {
-                    if skipped < resume.offset {
-                        tracing::warn!(
-                            "stdin ended after {skipped} bytes, before the checkpoint's {}",
-                            resume.offset
-                        );
-                    }
-                    (
-                        "stdin".into(),
-                        Box::new(input) as Box<dyn Read + Send>,
-                        None,
-                    )
-                },
-            )
-        }
-        SourceSpec::File(p) => File::open(p).and_then(|mut f| {
-            let size = f.metadata()?.len();
-            f.seek(SeekFrom::Start(resume.offset))?;
-            Ok((
-                p.display().to_string().into(),
-                Box::new(f) as Box<dyn Read + Send>,
-                Some(size),
-            ))
-        }),
-    };
+    let opened = source::open(&options.source, resume.offset);
     let (name, input, size_at_start) = match opened {
         Ok(o) => o,
         Err(e) => {
-            let msg = format!("source {}: {e}", source_name(&options.source));
+            let msg = format!("source {}: {e}", options.source);
             node.stop_replay(msg.clone());
             node.caught_up(None);
             return SinkReport {
@@ -180,6 +93,8 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
     let mut sink = Sink {
         node,
         options,
+        inbox,
+        inbox_open: true,
         name,
         assembler,
         dead_lettered_before,
@@ -187,7 +102,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
         line_start: resume.offset,
         txn_begin: resume.offset,
         spans: Vec::new(),
-        in_flight: std::collections::VecDeque::new(),
+        in_flight: VecDeque::new(),
         group: Vec::new(),
         group_opened: Instant::now(),
         sources: Vec::new(),
@@ -206,7 +121,7 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
     // Bytes, not a String: a writer may flush in the middle of a UTF-8 character, and only a
     // whole line is decoded.
     let mut line: Vec<u8> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    while !sink.stop_asked() {
         // Close the group when the source has nothing more buffered (a transaction never waits
         // for the next read to become visible), when it is full, or when it has been open for
         // the group-commit interval.
@@ -233,10 +148,9 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
             }
             sink.check_caught_up(true);
             if options.follow {
-                if sink.skip_refused() {
+                if sink.skip_refused() || sink.wait_for_input() {
                     break;
                 }
-                std::thread::sleep(FOLLOW_POLL);
                 continue;
             }
             if line.is_empty() {
@@ -301,16 +215,13 @@ pub fn run_sink(node: &NodeHandle, options: &SinkOptions, stop: &AtomicBool) -> 
     sink.report
 }
 
-fn source_name(source: &SourceSpec) -> String {
-    match source {
-        SourceSpec::File(p) => p.display().to_string(),
-        SourceSpec::Stdin => "stdin".into(),
-    }
-}
-
+/// The state of one run.
 struct Sink<'a> {
     node: &'a NodeHandle,
     options: &'a SinkOptions,
+    inbox: &'a Receiver<SinkMsg>,
+    /// A sender of the inbox is left (once none is, the inbox is not read again).
+    inbox_open: bool,
     name: Arc<str>,
     assembler: TxnAssembler,
     group: Vec<Ops>,
@@ -327,10 +238,10 @@ struct Sink<'a> {
     /// Where each transaction of the group begins and ends in the source.
     spans: Vec<(u64, u64, String)>,
     /// Transactions handed to the node and not yet known to be below HWM.
-    in_flight: std::collections::VecDeque<InFlight>,
+    in_flight: VecDeque<InFlight>,
     /// Where dead-letter records already in the file end in the source, past the resume
     /// position: the same bad transactions met again after a restart are not written twice.
-    dead_lettered_before: std::collections::BTreeSet<u64>,
+    dead_lettered_before: BTreeSet<u64>,
     /// Skipping the rest of a bad transaction: its id and the dead-letter record so far.
     skipping: Option<(String, DeadLetter)>,
     report: SinkReport,
@@ -359,78 +270,36 @@ struct InFlight {
     source: String,
 }
 
-struct DeadLetter {
-    position: String,
-    transaction: Option<String>,
-    reason: String,
-    lines: Vec<String>,
-    /// Bytes of `lines`; past `max_txn_bytes` lines are no longer kept.
-    bytes: u64,
-    /// Lines were left out (the transaction was too large to keep whole).
-    truncated: bool,
-}
-
-impl DeadLetter {
-    fn push(&mut self, line: &str, max_bytes: u64) {
-        self.bytes = self.bytes.saturating_add(line.len() as u64);
-        if self.bytes <= max_bytes {
-            self.lines.push(line.to_owned());
-        } else {
-            self.truncated = true;
-        }
-    }
-}
-
-/// What the sink records with a checkpoint: the ids of the transactions applied last, so that
-/// after a restart a redelivered one is recognised, whatever the source's position says.
-#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-struct SourceState {
-    /// Oldest first.
-    applied: Vec<String>,
-}
-
-impl SourceState {
-    fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("plain strings serialize")
-    }
-
-    /// The state in `bytes` (empty: none recorded).
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.is_empty() {
-            return Ok(SourceState::default());
-        }
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
-    }
-}
-
-/// The dead-letter file as a restart finds it: where each record in `path` ends in the source, for those past `from` (records of
-/// older versions, without an offset, are left alone).
-fn dead_letter_offsets(
-    path: &std::path::Path,
-    from: u64,
-) -> Result<std::collections::BTreeSet<u64>, String> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
-        Err(e) => return Err(format!("dead-letter file {}: {e}", path.display())),
-    };
-    let mut out = std::collections::BTreeSet::new();
-    for line in BufReader::new(file).lines() {
-        let line = line.map_err(|e| format!("dead-letter file {}: {e}", path.display()))?;
-        // A record torn by a crash is written again.
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if let Some(offset) = v.get("offset").and_then(serde_json::Value::as_u64)
-            && offset > from
-        {
-            out.insert(offset);
-        }
-    }
-    Ok(out)
-}
-
 impl Sink<'_> {
+    /// Whether a [`SinkMsg::Stop`] is waiting in the inbox.
+    fn stop_asked(&mut self) -> bool {
+        if !self.inbox_open {
+            return false;
+        }
+        match self.inbox.try_recv() {
+            Ok(SinkMsg::Stop) => true,
+            Err(flume::TryRecvError::Empty) => false,
+            Err(flume::TryRecvError::Disconnected) => {
+                self.inbox_open = false;
+                false
+            }
+        }
+    }
+
+    /// At the end of a followed source: waits up to [`FOLLOW_POLL`] for more input, or for a
+    /// message. True if it was [`SinkMsg::Stop`].
+    fn wait_for_input(&mut self) -> bool {
+        if self.inbox_open {
+            match self.inbox.recv_timeout(FOLLOW_POLL) {
+                Ok(SinkMsg::Stop) => return true,
+                Err(RecvTimeoutError::Timeout) => return false,
+                Err(RecvTimeoutError::Disconnected) => self.inbox_open = false,
+            }
+        }
+        std::thread::sleep(FOLLOW_POLL);
+        false
+    }
+
     /// Handles one line; false to stop.
     fn on_line(&mut self, line: &str) -> bool {
         let pos = SourcePosition::new(self.name.clone(), self.report.lines);
@@ -645,23 +514,7 @@ impl Sink<'_> {
             // Written by the run before a restart; the transaction is skipped again.
             return true;
         }
-        let json = serde_json::json!({
-            "position": record.position,
-            "offset": offset,
-            "transaction": record.transaction,
-            "reason": record.reason,
-            "lines": record.lines,
-            "lines_left_out": record.truncated,
-        });
-        let written = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.options.dead_letter)
-            .and_then(|mut f| {
-                writeln!(f, "{json}")?;
-                f.sync_data()
-            });
-        match written {
+        match record.append_to(&self.options.dead_letter, offset) {
             Ok(()) => {
                 self.report.dead_lettered += 1;
                 self.node
@@ -840,69 +693,5 @@ impl Sink<'_> {
         }
         self.node.stop_replay(msg.clone());
         self.report.stopped_by = Some(msg);
-    }
-}
-
-/// The lines of `path` between byte `begin` and byte `end`.
-fn read_span(path: &std::path::Path, begin: u64, end: u64) -> std::io::Result<Vec<String>> {
-    let mut f = File::open(path)?;
-    f.seek(SeekFrom::Start(begin))?;
-    let mut bytes = Vec::new();
-    f.take(end - begin).read_to_end(&mut bytes)?;
-    Ok(String::from_utf8_lossy(&bytes)
-        .lines()
-        .map(str::to_owned)
-        .collect())
-}
-
-/// The transaction marker `line` is, if any: `("BEGIN" | "END", id)`, bare or in an envelope.
-fn marker(line: &str) -> Option<(&'static str, String)> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    let v = v.get("payload").filter(|p| p.is_object()).unwrap_or(&v);
-    let status = match v.get("status")?.as_str()? {
-        "BEGIN" => "BEGIN",
-        "END" => "END",
-        _ => return None,
-    };
-    let id = match v.get("id")? {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Number(n) => n.to_string(),
-        _ => return None,
-    };
-    Some((status, id))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sources_parse() {
-        assert_eq!("stdin".parse::<SourceSpec>(), Ok(SourceSpec::Stdin));
-        assert_eq!(
-            "file:/a/b.json".parse::<SourceSpec>(),
-            Ok(SourceSpec::File("/a/b.json".into()))
-        );
-        assert!("kafka:x".parse::<SourceSpec>().is_err());
-        assert!("file:".parse::<SourceSpec>().is_err());
-    }
-
-    #[test]
-    fn markers_are_recognised() {
-        let end = |id: &str| Some(("END", id.to_owned()));
-        assert_eq!(
-            marker(r#"{"status":"END","id":"7","event_count":1}"#),
-            end("7")
-        );
-        assert_eq!(
-            marker(r#"{"schema":{},"payload":{"status":"END","id":7}}"#),
-            end("7")
-        );
-        assert_eq!(
-            marker(r#"{"status":"BEGIN","id":"7"}"#),
-            Some(("BEGIN", "7".into()))
-        );
-        assert_eq!(marker(r#"{"op":"c"}"#), None);
-        assert_eq!(marker("not json"), None);
     }
 }

@@ -1,0 +1,541 @@
+//! Parsing lines: every op in both forms, table resolution, bad lines, transaction markers,
+//! times and decimals without the envelope schema, lines without a row change.
+
+use super::*;
+use crate::debezium::value::{
+    CONNECT_DECIMAL, TIME_US, TIMESTAMP_MS, TIMESTAMP_NS, precision_unit,
+};
+use base64::Engine as _;
+use retina_storage::RowOp;
+
+#[test]
+fn position_display() {
+    assert_eq!(at(17).to_string(), "events.json:17");
+    assert_eq!(SourcePosition::new("stdin", 1).to_string(), "stdin:1");
+}
+
+#[test]
+fn every_op_in_the_bare_form() {
+    let row = json!({"id": 1, "qty": 2, "price": "3.5", "extra": "ignored"});
+    let ev = change(&event("c", Json::Null, row.clone(), Some(("t1", 1))).to_string());
+    assert_eq!(ev.op, ChangeOp::Insert(order_row(1, 2, Some(350))));
+    assert_eq!(ev.table.name(), "public.orders");
+    assert_eq!(ev.data_collection, "public.orders");
+    assert!(!ev.snapshot);
+    assert_eq!(
+        ev.txn,
+        Some(TxnRef {
+            id: "t1".into(),
+            total_order: 1,
+            data_collection_order: 1
+        })
+    );
+    assert_eq!(ev.pos, at(1));
+
+    // A snapshot read is an upsert: Debezium re-sends reads of rows it already sent.
+    let ev = change(&event("r", Json::Null, row.clone(), None).to_string());
+    assert_eq!(ev.op, ChangeOp::Upsert(order_row(1, 2, Some(350))));
+    assert!(ev.snapshot);
+    assert_eq!(ev.txn, None);
+
+    let after = json!({"id": 1, "qty": 5, "price": null});
+    let ev = change(&event("u", row.clone(), after.clone(), None).to_string());
+    assert_eq!(
+        ev.op,
+        ChangeOp::Update {
+            before: order_row(1, 2, Some(350)),
+            after: order_row(1, 5, None),
+        }
+    );
+
+    // No before image (REPLICA IDENTITY DEFAULT): the after image's key stands in.
+    let ev = change(&event("u", Json::Null, after, None).to_string());
+    assert_eq!(
+        ev.op,
+        ChangeOp::Update {
+            before: key_row(1),
+            after: order_row(1, 5, None),
+        }
+    );
+
+    // A delete's before image may hold only the key, or nulls in NOT NULL columns.
+    let ev = change(&event("d", json!({"id": 7}), Json::Null, None).to_string());
+    assert_eq!(ev.op, ChangeOp::Delete(key_row(7)));
+    let ev = change(&event("d", json!({"id": 7, "qty": null}), Json::Null, None).to_string());
+    assert_eq!(ev.op, ChangeOp::Delete(key_row(7)));
+    let op: RowOp<Vec<Value>> = ev.op.into();
+    assert_eq!(op, RowOp::Delete(key_row(7)));
+}
+
+#[test]
+fn every_op_in_the_envelope_form() {
+    // 123.45 at scale 2 is 12345 = 0x3039; 2024-03-01T12:34:56Z; 2024-03-01 is day 19783.
+    let created = 1_709_296_496_000_000i64;
+    let row = json!({"id": 1, "qty": 2, "price": "MDk=", "created": created, "day": 19783});
+    let expected = vec![
+        Value::Int(1),
+        Value::Int(2),
+        Value::Decimal(12345),
+        Value::Null,
+        Value::Timestamp(created),
+        Value::Date(19783),
+    ];
+    let fields = orders_fields();
+    let line = envelope(event("c", Json::Null, row.clone(), None), fields.clone());
+    assert_eq!(change(&line).op, ChangeOp::Insert(expected.clone()));
+    let line = envelope(event("r", Json::Null, row.clone(), None), fields.clone());
+    assert_eq!(change(&line).op, ChangeOp::Upsert(expected.clone()));
+    let after = json!({"id": 1, "qty": 3, "price": "z8c=", "created": null, "day": -1});
+    let line = envelope(event("u", row.clone(), after, None), fields.clone());
+    let ChangeOp::Update { before, after } = change(&line).op else {
+        panic!("an update")
+    };
+    assert_eq!(before, expected);
+    assert_eq!(after[2], Value::Decimal(-12345));
+    assert_eq!(after[5], Value::Date(-1));
+    let line = envelope(event("d", row, Json::Null, None), fields.clone());
+    assert_eq!(change(&line).op, ChangeOp::Delete(expected));
+    let line = envelope(event("t", Json::Null, Json::Null, None), fields);
+    assert_eq!(change(&line).op, ChangeOp::Truncate);
+    let op: RowOp<Vec<Value>> = change(&line).op.into();
+    assert_eq!(op, RowOp::Truncate);
+}
+
+#[test]
+fn envelope_scale_differs_from_the_column() {
+    // 12345 at scale 3 is 12.345: exact at scale 2 only if the last digit is 0.
+    let fields = |scale: &str| json!([{"type": "bytes", "name": CONNECT_DECIMAL, "parameters": {"scale": scale}, "field": "price"}]);
+    let row = |b64: &str| json!({"id": 1, "qty": 1, "price": b64});
+    let b64 = |v: i128| {
+        let bytes = v.to_be_bytes();
+        base64::engine::general_purpose::STANDARD.encode(&bytes[14..])
+    };
+    let line = envelope(event("c", Json::Null, row(&b64(12340)), None), fields("3"));
+    assert_eq!(
+        change(&line).op,
+        ChangeOp::Insert(order_row(1, 1, Some(1234)))
+    );
+    let line = envelope(event("c", Json::Null, row(&b64(12345)), None), fields("3"));
+    let e = parse(&line, 4).unwrap_err().to_string();
+    assert!(
+        e.starts_with("events.json:4: table `public.orders`, column `price`:"),
+        "{e}"
+    );
+    let line = envelope(event("c", Json::Null, row(&b64(123)), None), fields("0"));
+    assert_eq!(
+        change(&line).op,
+        ChangeOp::Insert(order_row(1, 1, Some(12300)))
+    );
+}
+
+#[test]
+fn table_resolution() {
+    // `items` is only in the catalog under its bare name; MySQL names the db, not a schema.
+    let line = json!({
+        "before": null,
+        "after": {"a": 1, "b": "x", "ok": 1, "ratio": 2},
+        "source": {"connector": "mysql", "db": "inventory", "table": "items"},
+        "op": "c"
+    });
+    let ev = change(&line.to_string());
+    assert_eq!(ev.table.name(), "items");
+    assert_eq!(ev.data_collection, "inventory.items");
+    assert_eq!(
+        ev.op,
+        ChangeOp::Insert(vec![
+            Value::Int(1),
+            Value::Utf8("x".into()),
+            Value::Boolean(true),
+            Value::Float(2.0)
+        ])
+    );
+
+    let line = json!({
+        "after": {"a": 1}, "source": {"schema": "sales", "table": "nope"}, "op": "c"
+    });
+    let e = parse(&line.to_string(), 9).unwrap_err();
+    assert!(
+        matches!(&e, DebeziumError::UnknownTable { tried, .. } if tried == &["sales.nope", "nope"])
+    );
+    assert_eq!(e.position(), &at(9));
+    assert!(
+        e.to_string()
+            .starts_with("events.json:9: unknown table (tried `sales.nope`, `nope`)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_and_invalid_columns() {
+    let e = parse(
+        &event("c", Json::Null, json!({"qty": 1}), None).to_string(),
+        5,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, DebeziumError::MissingColumn { table, column, image: "after", .. }
+            if table == "public.orders" && column == "id")
+    );
+    assert!(
+        e.to_string().starts_with(
+            "events.json:5: table `public.orders`: the after image has no column `id`"
+        ),
+        "{e}"
+    );
+    // A NOT NULL non-key column must be in an after image, not in a before image.
+    let e = parse(
+        &event("c", Json::Null, json!({"id": 1}), None).to_string(),
+        5,
+    )
+    .unwrap_err();
+    assert!(matches!(&e, DebeziumError::MissingColumn { column, .. } if column == "qty"));
+    let e = parse(
+        &event("d", json!({"qty": 1}), Json::Null, None).to_string(),
+        6,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, DebeziumError::MissingColumn { column, image: "before", .. } if column == "id")
+    );
+
+    let e = parse(
+        &event("c", Json::Null, json!({"id": 1, "qty": 1_i64 << 40}), None).to_string(),
+        8,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "events.json:8: table `public.orders`, column `qty`: 1099511627776 does not fit in int"
+    );
+    let e = parse(
+        &event("c", Json::Null, json!({"id": 1, "qty": null}), None).to_string(),
+        8,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().ends_with("null in a column that is NOT NULL"),
+        "{e}"
+    );
+    // A key column is checked in a before image too.
+    let e = parse(
+        &event("d", json!({"id": null}), Json::Null, None).to_string(),
+        8,
+    )
+    .unwrap_err();
+    assert!(matches!(&e, DebeziumError::Value { column, .. } if column == "id"));
+    let e = parse(
+        &event(
+            "c",
+            Json::Null,
+            json!({"id": 1, "qty": 1, "price": "1234567890.5"}),
+            None,
+        )
+        .to_string(),
+        8,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("does not fit in decimal(10,2)"),
+        "{e}"
+    );
+    let e = parse(
+        &event("c", Json::Null, json!({"id": 1, "qty": 1, "note": 5}), None).to_string(),
+        8,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("column `note`: expected a string, got number 5"),
+        "{e}"
+    );
+}
+
+#[test]
+fn malformed_lines() {
+    let cases = [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (r#"{"hello": 1}"#, "neither a change event"),
+        (
+            r#"{"op": "x", "source": {"table": "orders"}}"#,
+            "unknown op \"x\"",
+        ),
+        (
+            r#"{"op": "c", "after": {"id": 1}}"#,
+            "without a `source` object",
+        ),
+        (
+            r#"{"op": "c", "source": {"schema": "public", "table": "orders"}}"#,
+            "without the `after` image",
+        ),
+        (
+            r#"{"op": "c", "after": 3, "source": {"schema": "public", "table": "orders"}}"#,
+            "`after` must be an object",
+        ),
+        (
+            r#"{"status": "MIDDLE", "id": "1"}"#,
+            "expected \"BEGIN\" or \"END\"",
+        ),
+        (
+            r#"{"status": "END", "id": "1"}"#,
+            "without an `event_count`",
+        ),
+        (r#"{"status": "BEGIN"}"#, "without a string `id`"),
+        (
+            r#"{"op": "c", "after": {"id": 1, "qty": 1}, "source": {"schema": "public", "table": "orders"}, "transaction": {"id": "1"}}"#,
+            "`transaction` needs",
+        ),
+    ];
+    for (line, reason) in cases {
+        let e = parse(line, 3).unwrap_err();
+        assert!(matches!(e, DebeziumError::Malformed { .. }), "{line}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("events.json:3: malformed Debezium message: "),
+            "{text}"
+        );
+        assert!(text.contains(reason), "{line}: {text}");
+    }
+    // A truncate names its table like any change.
+    let e = parse(r#"{"op": "t", "source": {"table": "ghosts"}}"#, 17).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("events.json:17: unknown table (tried `ghosts`)"),
+        "{e}"
+    );
+    // Tombstones carry nothing.
+    for line in ["null", "", "  ", r#"{"schema": null, "payload": null}"#] {
+        assert!(
+            matches!(parse(line, 4), Ok(Message::Tombstone { .. })),
+            "{line:?}"
+        );
+    }
+}
+
+#[test]
+fn transaction_markers() {
+    let begin = r#"{"status":"BEGIN","id":"571:53195832","ts_ms":1,"event_count":null,"data_collections":null}"#;
+    let Message::Begin { id, pos } = parse(begin, 1).unwrap() else {
+        panic!("a BEGIN")
+    };
+    assert_eq!((id.as_str(), pos), ("571:53195832", at(1)));
+    let end = json!({
+        "status": "END", "id": "571:53195832", "event_count": 3,
+        "data_collections": [
+            {"data_collection": "public.orders", "event_count": 2},
+            {"data_collection": "public.items", "event_count": "1"}
+        ]
+    });
+    let expected = vec![
+        ("public.orders".to_owned(), 2),
+        ("public.items".to_owned(), 1),
+    ];
+    for line in [
+        end.to_string(),
+        json!({"schema": {"type": "struct"}, "payload": end}).to_string(),
+    ] {
+        let Message::End {
+            id,
+            event_count,
+            data_collections,
+            ..
+        } = parse(&line, 2).unwrap()
+        else {
+            panic!("an END")
+        };
+        assert_eq!(id, "571:53195832");
+        assert_eq!(event_count, 3);
+        assert_eq!(data_collections, expected);
+    }
+}
+
+/// A table with every time column kind, with and without declared precisions.
+fn times() -> Arc<TableSchema> {
+    TableSchema::new(
+        "times",
+        vec![
+            ColumnDef::new("id", ColumnType::Int64, false),
+            ColumnDef::new("plain", ColumnType::Timestamp, true),
+            ColumnDef::new("ms", ColumnType::Timestamp, true).with_time_precision(3),
+            ColumnDef::new("us", ColumnType::Timestamp, true).with_time_precision(6),
+            ColumnDef::new("ns", ColumnType::Timestamp, true).with_time_precision(9),
+            ColumnDef::new("tz", ColumnType::TimestampTz, true),
+            ColumnDef::new("t_ms", ColumnType::Time, true).with_time_precision(3),
+            ColumnDef::new("t", ColumnType::Time, true),
+        ],
+        &["id"],
+    )
+    .unwrap()
+}
+
+fn times_line(after: Json) -> String {
+    json!({"op": "c", "after": after, "source": {"connector": "mysql", "db": "x", "table": "times"}})
+        .to_string()
+}
+
+#[test]
+fn integer_times_without_a_schema_follow_the_declared_precision() {
+    let catalog = |name: &str| (name == "times").then(times);
+    let micros = 1_709_296_496_123_000i64; // 2024-03-01T12:34:56.123Z
+    let line = times_line(json!({
+        "id": 1,
+        "plain": micros,
+        "ms": micros / 1000,
+        "us": micros,
+        "ns": micros * 1000 + 999,
+        "tz": "2024-03-01T14:34:56.123+02:00",
+        "t_ms": 45_296_123,
+        "t": "12:34:56.123456",
+    }));
+    let Message::Change(ev) = parse_line(&line, &at(3), &catalog).unwrap() else {
+        panic!("a change")
+    };
+    assert_eq!(
+        ev.op,
+        ChangeOp::Insert(vec![
+            Value::Int(1),
+            Value::Timestamp(micros),
+            Value::Timestamp(micros),
+            Value::Timestamp(micros),
+            Value::Timestamp(micros),
+            Value::Timestamp(micros),
+            Value::Time(45_296_123_000),
+            Value::Time(45_296_123_456),
+        ])
+    );
+    // With the envelope the semantic type decides, whatever the declared precision.
+    let fields = json!([
+        {"type": "int64", "field": "id"},
+        {"type": "int64", "name": TIMESTAMP_NS, "field": "ms"},
+        {"type": "int64", "name": TIME_US, "field": "t_ms"}
+    ]);
+    let payload = json!({
+        "op": "c",
+        "after": {"id": 1, "ms": micros * 1000, "t_ms": 45_296_000_001i64},
+        "source": {"connector": "mysql", "db": "x", "table": "times"},
+    });
+    let line = envelope(payload, fields);
+    let Message::Change(ev) = parse_line(&line, &at(4), &catalog).unwrap() else {
+        panic!("a change")
+    };
+    let ChangeOp::Insert(row) = ev.op else {
+        panic!("an insert")
+    };
+    assert_eq!(
+        (&row[2], &row[6]),
+        (&Value::Timestamp(micros), &Value::Time(45_296_000_001))
+    );
+    // What cannot be read unambiguously is an error naming the line and column.
+    for (after, column) in [
+        (json!({"id": 1, "t": 86_400_000_001i64}), "t"),
+        (json!({"id": 1, "t": "25:00:00"}), "t"),
+        (json!({"id": 1, "tz": 1.5}), "tz"),
+    ] {
+        let e = parse_line(&times_line(after), &at(9), &catalog).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("events.json:9: table `times`, column `{column}`:")),
+            "{e}"
+        );
+    }
+    let fields = json!([{"type": "int64", "name": TIMESTAMP_MS, "field": "t"}]);
+    let payload = json!({"op": "c", "after": {"id": 1, "t": 5}, "source": {"table": "times"}});
+    let e = parse_line(&envelope(payload, fields), &at(10), &catalog).unwrap_err();
+    assert!(e.to_string().contains("is not a time of day"), "{e}");
+    assert!(precision_unit(Some(12)).is_err());
+}
+
+#[test]
+fn decimal_strings_follow_decimal_handling() {
+    // "9999" is a literal and also base64 (0xf7df7d = -532611): the setting decides.
+    let line = event(
+        "c",
+        Json::Null,
+        json!({"id": 1, "qty": 1, "price": "9999"}),
+        None,
+    )
+    .to_string();
+    let price = |mode: DecimalHandling| {
+        let options = ParseOptions {
+            decimal_handling: mode,
+        };
+        parse_line_with(&line, &at(2), &catalog, &options).map(|m| match m {
+            Message::Change(ChangeEvent {
+                op: ChangeOp::Insert(row),
+                ..
+            }) => row[2].clone(),
+            other => panic!("{other:?}"),
+        })
+    };
+    assert_eq!(
+        price(DecimalHandling::Precise).unwrap(),
+        Value::Decimal(-532_611)
+    );
+    assert_eq!(
+        price(DecimalHandling::String).unwrap(),
+        Value::Decimal(999_900)
+    );
+    let e = price(DecimalHandling::Double).unwrap_err().to_string();
+    assert!(
+        e.starts_with("events.json:2: table `public.orders`, column `price`:")
+            && e.contains("decimal_handling"),
+        "{e}"
+    );
+    // With the envelope the schema decides, whatever the setting.
+    let fields = json!([{"type": "bytes", "name": CONNECT_DECIMAL, "parameters": {"scale": "2"}, "field": "price"}]);
+    let row = json!({"id": 1, "qty": 1, "price": "9999"});
+    let line = envelope(event("c", Json::Null, row, None), fields);
+    let options = ParseOptions {
+        decimal_handling: DecimalHandling::String,
+    };
+    let Message::Change(ev) = parse_line_with(&line, &at(3), &catalog, &options).unwrap() else {
+        panic!("a change")
+    };
+    assert_eq!(ev.op, ChangeOp::Insert(order_row(1, 1, Some(-532_611))));
+}
+
+#[test]
+fn lines_without_a_row_change_are_skipped() {
+    let skipped = |line: &str| match parse(line, 5) {
+        Ok(Message::Skipped { what, pos, .. }) => {
+            assert_eq!(pos, at(5));
+            Some(what)
+        }
+        _ => None,
+    };
+    for heartbeat in [
+        r#"{"ts_ms":1700000000000}"#,
+        r#"{"payload":{"ts_ms":1700000000000}}"#,
+        r#"{"schema":{"type":"struct","name":"io.debezium.connector.common.Heartbeat","fields":[{"type":"int64","field":"ts_ms"}]},"payload":{"ts_ms":1700000000000}}"#,
+    ] {
+        assert_eq!(skipped(heartbeat), Some(Skipped::Heartbeat), "{heartbeat}");
+    }
+    let ddl = json!({
+        "source": {"connector": "mysql", "db": "shop", "table": "orders"},
+        "databaseName": "shop", "ddl": "ALTER TABLE orders ADD COLUMN x INT",
+        "tableChanges": [{"type": "ALTER", "id": "\"shop\".\"orders\""}]
+    });
+    assert_eq!(skipped(&ddl.to_string()), Some(Skipped::SchemaChange));
+    let message = json!({
+        "op": "m", "ts_ms": 1,
+        "source": {"connector": "postgresql", "db": "shop", "schema": "", "table": ""},
+        "message": {"prefix": "audit", "content": "aGk="}
+    });
+    assert_eq!(skipped(&message.to_string()), Some(Skipped::LogicalMessage));
+    // Not Debezium: still errors with the position.
+    for bad in [
+        r#"{"ts_ms":"soon"}"#,
+        r#"{"ts_ms":1,"other":2}"#,
+        r#"{"payload":{"ts_ms":1},"extra":1}"#,
+        r#"{"op":"m"}"#,
+    ] {
+        let e = parse(bad, 6);
+        if bad == r#"{"op":"m"}"# {
+            // A logical message needs nothing else.
+            assert!(matches!(e, Ok(Message::Skipped { .. })), "{bad}");
+            continue;
+        }
+        let e = e.unwrap_err();
+        assert_eq!(e.position(), &at(6), "{bad}");
+    }
+}

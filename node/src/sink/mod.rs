@@ -1,0 +1,34 @@
+//! The sink: reads a Debezium JSON source, rebuilds its transactions, and hands them to the
+//! node in groups. A bad transaction either stops replay (HWM stays before it; everything
+//! earlier stays committed and queryable) or, with `--on-error skip`, goes whole to a
+//! dead-letter file with the reason, and replay goes on. Never a partial transaction.
+//!
+//! The sink is an actor on a plain thread of its own, since reading a file or stdin blocks:
+//! [`spawn`] starts it and gives a [`SinkHandle`], which sends it [`SinkMsg`]s through a
+//! bounded inbox and joins it for its [`SinkReport`]. [`run_sink`] is the same run on the
+//! caller's thread.
+//!
+//! The parts, each depending only on those listed before it (and on `debezium` and the
+//! node's handle):
+//! - `route.rs`: which shard owns a row (`NodeHandle::submit` routes each group with it on
+//!   the sink's thread; each shard checks the keys it gets);
+//! - `source.rs`: [`SourceSpec`], opening the source at the checkpoint's offset, the source
+//!   state a checkpoint records, re-reading a span of the source;
+//! - `dead_letter.rs`: dead-letter records, and where those already written end;
+//! - `options.rs`: [`SinkOptions`] and [`OnError`];
+//! - `msg.rs`: [`SinkMsg`] (the inbox) and [`SinkReport`] (how a run ended);
+//! - `actor.rs`: the run itself (read, assemble, submit, checkpoint, bad transactions);
+//! - `handle.rs`: [`spawn`], [`SinkHandle`] and [`run_sink`].
+
+mod actor;
+mod dead_letter;
+mod handle;
+mod msg;
+mod options;
+pub mod route;
+mod source;
+
+pub use handle::{SinkHandle, run_sink, spawn, spawn_with};
+pub use msg::{SinkMsg, SinkReport};
+pub use options::{OnError, SinkOptions};
+pub use source::SourceSpec;
