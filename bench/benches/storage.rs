@@ -193,7 +193,6 @@ fn shard(c: &mut Criterion) {
                     .enumerate()
                     .map(|(j, t)| retina_protocol::WireTxn {
                         ts: first + j as u64,
-                        source: String::new(),
                         ops: t.iter().map(retina_protocol::WireTableOp::from).collect(),
                     })
                     .collect(),
@@ -226,7 +225,6 @@ fn shard(c: &mut Criterion) {
                         .iter()
                         .map(|t| retina_protocol::WireTxn {
                             ts: 2,
-                            source: String::new(),
                             ops: t.iter().map(retina_protocol::WireTableOp::from).collect(),
                         })
                         .collect(),

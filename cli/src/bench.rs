@@ -354,7 +354,7 @@ fn replay(
             for group in txns.chunks(settings.max_group_txns) {
                 let range = h.allocate(group.len() as u64)?;
                 last = *range.end();
-                groups.push(h.encode_group(group, range, &[])?);
+                groups.push(h.encode_group(group, range)?);
             }
             let start = Instant::now();
             for g in groups {
@@ -513,7 +513,7 @@ fn loaded_replay_node(
     let load: Vec<_> = txns.drain(..load_txns).collect();
     let mut last = 0;
     for group in load.chunks(1024) {
-        last = *h.submit(group, &[])?.end();
+        last = *h.submit(group)?.end();
     }
     anyhow::ensure!(
         h.wait_visible(last, Duration::from_secs(300)),
@@ -551,7 +551,7 @@ fn spawn_driver(
                 if group.is_empty() {
                     std::thread::sleep(Duration::from_micros(200));
                 } else {
-                    h.submit(&group, &[])?;
+                    h.submit(&group)?;
                 }
             }
             Ok(())
@@ -878,7 +878,7 @@ fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
         }
         let node = start()?;
         let h = node.handle().clone();
-        let ts = h.submit(&load, &[])?;
+        let ts = h.submit(&load)?;
         anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(120)));
         let id = h
             .checkpoint(Default::default(), Vec::new())?
@@ -893,7 +893,7 @@ fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
         }
         let submit_all = |h: &retina_node::node::NodeHandle| -> anyhow::Result<()> {
             for group in redo.chunks(1024) {
-                let ts = h.submit(group, &[])?;
+                let ts = h.submit(group)?;
                 if group.as_ptr_range().end == redo.as_ptr_range().end {
                     anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(600)));
                 }
@@ -959,7 +959,7 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
             op: RowOp::Insert(vec![Value::Int(i), Value::Int(i)]),
         })
         .collect();
-    let ts = h.submit(&[rows], &[])?;
+    let ts = h.submit(&[rows])?;
     anyhow::ensure!(h.wait_visible(*ts.end(), Duration::from_secs(30)));
     let lake = dir.path().join("data/lake/tables/t");
     let start = Instant::now();
@@ -1087,7 +1087,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
                 op: RowOp::Insert(r.clone()),
             })
             .collect();
-        h.submit(&[txn], &[])?;
+        h.submit(&[txn])?;
     }
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     let doomed: Vec<_> = lines
@@ -1101,7 +1101,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
     let deleted = doomed.len();
     let mut last = 0;
     for chunk in doomed.chunks(1000) {
-        last = *h.submit(&[chunk.to_vec()], &[])?.end();
+        last = *h.submit(&[chunk.to_vec()])?.end();
     }
     anyhow::ensure!(h.wait_visible(last, Duration::from_secs(120)));
     println!(

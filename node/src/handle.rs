@@ -61,15 +61,16 @@ impl NodeHandle {
     /// takes their timestamps in one request, routes every operation to its shard (a
     /// key-changing update whose keys live on two shards becomes a delete on one and an insert
     /// on the other, in the same mirror transaction), and sends each shard its slice. Blocks
-    /// while a shard's queue is full. Returns the timestamps the transactions got.
+    /// while a shard's queue is full. Returns the timestamps the transactions got. A shard
+    /// that refuses one names only its timestamp ([`NodeStatus::failed_ts`]): where it came
+    /// from in the source is the caller's to say.
     pub fn submit<R: AsRef<[Value]> + RowRef>(
         &self,
         txns: &[Vec<TableOp<R>>],
-        sources: &[String],
     ) -> Result<RangeInclusive<u64>, NodeError> {
         let _order = self.submit_order.lock().expect("submit lock");
         let range = self.allocate(txns.len() as u64)?;
-        let batches = self.encode_group(txns, range.clone(), sources)?;
+        let batches = self.encode_group(txns, range.clone())?;
         self.send_encoded(batches)?;
         self.status
             .txns_submitted
@@ -143,13 +144,11 @@ impl NodeHandle {
     }
 
     /// Routes a group of transactions that got the timestamps `range` and encodes every
-    /// shard's slice as an op batch (one per shard, in shard order). `sources` names where each
-    /// transaction came from, for errors (or is empty).
+    /// shard's slice as an op batch (one per shard, in shard order).
     pub fn encode_group<R: AsRef<[Value]> + RowRef>(
         &self,
         txns: &[Vec<TableOp<R>>],
         range: RangeInclusive<u64>,
-        sources: &[String],
     ) -> Result<Vec<AlignedVec>, NodeError> {
         assert_eq!(
             txns.len() as u64,
@@ -159,8 +158,7 @@ impl NodeHandle {
         let shards = self.shard_count();
         let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
         let mut scratch = Vec::new();
-        for (i, (txn, ts)) in txns.iter().zip(range.clone()).enumerate() {
-            let source = sources.get(i).cloned().unwrap_or_default();
+        for (txn, ts) in txns.iter().zip(range.clone()) {
             let mut per_shard: Vec<Vec<WireTableOp>> = vec![Vec::new(); shards.into()];
             for op in txn {
                 let schema = self.catalog.get(op.table).expect("ops name catalog tables");
@@ -199,11 +197,7 @@ impl NodeHandle {
             }
             for (s, ops) in per_shard.into_iter().enumerate() {
                 if !ops.is_empty() {
-                    slices[s].push(WireTxn {
-                        ts,
-                        source: source.clone(),
-                        ops,
-                    });
+                    slices[s].push(WireTxn { ts, ops });
                 }
             }
         }

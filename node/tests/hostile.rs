@@ -242,7 +242,7 @@ fn load(node: &Node, ids: std::ops::Range<i64>) {
             }]
         })
         .collect();
-    let ts = h.submit(&txns, &[]).unwrap();
+    let ts = h.submit(&txns).unwrap();
     assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
 }
 

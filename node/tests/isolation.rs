@@ -157,7 +157,7 @@ fn concurrent_queries_see_exactly_the_model_at_their_snapshot() {
         std::thread::spawn(move || {
             let mut first = None;
             for chunk in txns.chunks(3) {
-                let range = h.submit(chunk, &[]).unwrap();
+                let range = h.submit(chunk).unwrap();
                 first.get_or_insert(*range.start());
                 std::thread::sleep(Duration::from_micros(300));
             }
@@ -237,13 +237,10 @@ fn a_transaction_is_visible_to_the_first_query_after_hwm_passes_it() {
     for i in 0..5i64 {
         // One row: it sits in the active write-buffer block, never flushed.
         let ts = h
-            .submit(
-                &[vec![TableOp {
-                    table: 0,
-                    op: RowOp::Insert(vec![Value::Int(i), Value::Int(i)]),
-                }]],
-                &[],
-            )
+            .submit(&[vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(vec![Value::Int(i), Value::Int(i)]),
+            }]])
             .unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
         tx.send(*ts.end()).unwrap();
@@ -274,7 +271,7 @@ fn a_snapshot_folded_away_is_refused_as_too_old_never_answered_wrong() {
             op: RowOp::Insert(row(i, 0)),
         })
         .collect();
-    let first = h.submit(&[all], &[]).unwrap();
+    let first = h.submit(&[all]).unwrap();
     let old = *first.end();
     // Delete and update on every shard, then let GC (every 5 ms, no query running) fold.
     let changes: Vec<_> = (0..64)
@@ -288,7 +285,7 @@ fn a_snapshot_folded_away_is_refused_as_too_old_never_answered_wrong() {
             }]
         })
         .collect();
-    let last = h.submit(&changes, &[]).unwrap();
+    let last = h.submit(&changes).unwrap();
     assert!(h.wait_visible(*last.end(), Duration::from_secs(10)));
     std::thread::sleep(Duration::from_millis(100));
     let answer = on_executor(move || async move {

@@ -103,7 +103,7 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
     let node = start(dir.path());
     let h = node.handle().clone();
     let first: Vec<_> = (0..300).map(txn).collect();
-    assert_eq!(h.submit(&first, &[]).unwrap(), 2..=301);
+    assert_eq!(h.submit(&first).unwrap(), 2..=301);
     let mark = SourceMark {
         offset: 12_345,
         line: 300,
@@ -114,7 +114,7 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
         .expect("no checkpoint on its way");
     wait_checkpoint(&node, id);
     let second: Vec<_> = (300..400).map(txn).collect();
-    assert_eq!(h.submit(&second, &[]).unwrap(), 302..=401);
+    assert_eq!(h.submit(&second).unwrap(), 302..=401);
     assert!(h.wait_visible(401, Duration::from_secs(10)));
     assert_eq!(ids(&node, 401), vec![398, 399]);
     node.shutdown();
@@ -135,16 +135,12 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
         !waiting.is_finished(),
         "a query began behind what one saw before"
     );
-    assert_eq!(
-        h.submit(&second, &[]).unwrap(),
-        302..=401,
-        "the same timestamps"
-    );
+    assert_eq!(h.submit(&second).unwrap(), 302..=401, "the same timestamps");
     let (_, snapshot) = waiting.join().unwrap();
     assert_eq!(snapshot.get(), 401);
     assert_eq!(ids(&node, 401), vec![398, 399]);
     // It goes on from there, and a later checkpoint replaces the first.
-    assert_eq!(h.submit(&[txn(400)], &[]).unwrap(), 402..=402);
+    assert_eq!(h.submit(&[txn(400)]).unwrap(), 402..=402);
     let id = h
         .checkpoint(SourceMark::default(), Vec::new())
         .unwrap()
@@ -178,13 +174,13 @@ fn a_query_that_cannot_catch_up_is_refused_within_its_wait() {
     let node = start_with(dir.path(), DDL, 200).unwrap();
     let h = node.handle().clone();
     let first: Vec<_> = (0..10).map(txn).collect();
-    h.submit(&first, &[]).unwrap();
+    h.submit(&first).unwrap();
     let id = h
         .checkpoint(SourceMark::default(), b"state".to_vec())
         .unwrap()
         .unwrap();
     wait_checkpoint(&node, id);
-    h.submit(&[txn(10)], &[]).unwrap();
+    h.submit(&[txn(10)]).unwrap();
     assert!(h.wait_visible(12, Duration::from_secs(10)));
     // A query sees 12 before the stop.
     let (q, snapshot) = h.begin_query().unwrap();
@@ -233,7 +229,7 @@ fn a_data_directory_serves_one_node_with_the_schema_it_was_written_with() {
         .expect("a second node");
     assert!(err.contains("is in use by another node (pid "), "{err}");
     let h = node.handle().clone();
-    h.submit(&[txn(0)], &[]).unwrap();
+    h.submit(&[txn(0)]).unwrap();
     let id = h
         .checkpoint(SourceMark::default(), Vec::new())
         .unwrap()

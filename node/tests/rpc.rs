@@ -84,13 +84,10 @@ fn a_client_bootstraps_lists_tables_and_holds_queries() {
     let addr = node.coordinator_addr().unwrap();
     let h = node.handle().clone();
     let ts = h
-        .submit(
-            &[vec![TableOp {
-                table: 0,
-                op: RowOp::Insert(vec![Value::Int(1), Value::Decimal(5)]),
-            }]],
-            &[],
-        )
+        .submit(&[vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(vec![Value::Int(1), Value::Decimal(5)]),
+        }]])
         .unwrap();
     assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     let hwm = h.status().hwm();
@@ -213,7 +210,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
                 .collect()
         })
         .collect();
-    h.submit(&inserts, &[]).unwrap();
+    h.submit(&inserts).unwrap();
     let changes: Vec<Vec<TableOp<Vec<Value>>>> = (0..60)
         .map(|i| {
             if i % 2 == 0 {
@@ -232,7 +229,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
             }
         })
         .collect();
-    let last = h.submit(&changes, &[]).unwrap();
+    let last = h.submit(&changes).unwrap();
     assert!(h.wait_visible(*last.end(), Duration::from_secs(10)));
     std::thread::sleep(Duration::from_millis(300)); // flushes and combinations
 
@@ -392,7 +389,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
             }]
         })
         .collect();
-    let ts = h.submit(&txns, &[]).unwrap();
+    let ts = h.submit(&txns).unwrap();
     assert!(h.wait_visible(*ts.end(), Duration::from_secs(30)));
     let addr = node.coordinator_addr().unwrap();
     let lake = dir.path().join("data/lake");

@@ -46,13 +46,11 @@ pub struct WireTableOp {
     pub op: WireOp,
 }
 
-/// One mirror transaction's operations for one shard.
+/// One mirror transaction's operations for one shard. Where it came from in the source stays
+/// with the sink, which looks it up by `ts` when a shard refuses the transaction.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub struct WireTxn {
     pub ts: u64,
-    /// Where the source transaction came from (`file:line (transaction id)`), for errors; may
-    /// be empty.
-    pub source: String,
     pub ops: Vec<WireTableOp>,
 }
 
@@ -235,12 +233,10 @@ mod tests {
             txns: vec![
                 WireTxn {
                     ts: 2,
-                    source: "in.json:1 (transaction 1)".into(),
                     ops: ops.iter().map(WireTableOp::from).collect(),
                 },
                 WireTxn {
                     ts: 3,
-                    source: "in.json:5 (transaction 2)".into(),
                     ops: later.iter().map(WireTableOp::from).collect(),
                 },
             ],

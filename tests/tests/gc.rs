@@ -64,7 +64,7 @@ fn start(data: &Path) -> Node {
 
 fn submit(h: &NodeHandle, ops: Vec<TableOp<Vec<Value>>>) {
     let txns: Vec<Vec<_>> = ops.chunks(50).map(|c| c.to_vec()).collect();
-    let ts = h.submit(&txns, &[]).unwrap();
+    let ts = h.submit(&txns).unwrap();
     assert!(h.wait_visible(*ts.end(), Duration::from_secs(20)));
 }
 

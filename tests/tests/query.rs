@@ -166,7 +166,7 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
         std::thread::spawn(move || {
             let mut first = None;
             for chunk in txns.chunks(3) {
-                let range = h.submit(chunk, &[]).unwrap();
+                let range = h.submit(chunk).unwrap();
                 first.get_or_insert(*range.start());
                 std::thread::sleep(Duration::from_micros(300));
             }
@@ -273,13 +273,10 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
     for i in 0..5i64 {
         // One row: it sits in the active write-buffer block, never flushed.
         let ts = h
-            .submit(
-                &[vec![TableOp {
-                    table: 0,
-                    op: RowOp::Insert(row(i, 100 + i)),
-                }]],
-                &[],
-            )
+            .submit(&[vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(row(i, 100 + i)),
+            }]])
             .unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
         let (snapshot, rows, reversed) = rt.block_on(async {
@@ -358,13 +355,10 @@ fn a_query_ends_with_its_stream_and_lives_while_renewed() {
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
     let rt = runtime();
-    h.submit(
-        &[vec![TableOp {
-            table: 0,
-            op: RowOp::Insert(row(1, 5)),
-        }]],
-        &[],
-    )
+    h.submit(&[vec![TableOp {
+        table: 0,
+        op: RowOp::Insert(row(1, 5)),
+    }]])
     .unwrap();
     let wait_running = |n: u64| {
         let start = Instant::now();
@@ -446,7 +440,7 @@ fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() 
             .chunks(10)
             .map(|c| c.iter().map(|&n| entry(n)).collect())
             .collect();
-        let ts = h.submit(&txns, &[]).unwrap();
+        let ts = h.submit(&txns).unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     };
     let rt = runtime();
@@ -516,7 +510,7 @@ fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
                 }]
             })
             .collect();
-        let ts = h.submit(&txns, &[]).unwrap();
+        let ts = h.submit(&txns).unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     };
     let rt = runtime();

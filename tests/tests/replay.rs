@@ -764,11 +764,11 @@ fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
             ]),
         }]
     };
-    let first = h.submit(&[txn(1)], &[]).unwrap();
+    let first = h.submit(&[txn(1)]).unwrap();
     assert!(h.wait_visible(*first.end(), Duration::from_secs(10)));
     let (held, snapshot) = h.begin_query().unwrap();
     let (short, _) = h.begin_query().unwrap();
-    let later = h.submit(&[txn(2), txn(3)], &[]).unwrap();
+    let later = h.submit(&[txn(2), txn(3)]).unwrap();
     assert!(h.wait_visible(*later.end(), Duration::from_secs(10)));
     assert_eq!(lwm(), snapshot.get(), "the oldest query holds LWM");
     // One query keeps renewing; the other lets its lease run out.

@@ -588,13 +588,13 @@ impl RetinaTarget {
 impl Target for RetinaTarget {
     fn load(&mut self, txns: &[Txn]) -> anyhow::Result<()> {
         for group in txns.chunks(1024) {
-            self.last = *self.node().handle().submit(group, &[])?.end();
+            self.last = *self.node().handle().submit(group)?.end();
         }
         self.wait()
     }
 
     fn apply(&mut self, txns: Vec<Txn>) -> anyhow::Result<()> {
-        self.last = *self.node().handle().submit(&txns, &[])?.end();
+        self.last = *self.node().handle().submit(&txns)?.end();
         Ok(())
     }
 

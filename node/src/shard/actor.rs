@@ -247,11 +247,10 @@ impl ShardActor {
                         .fetch_add(stats.ops, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    let error = match txn.source.as_str() {
-                        "" => e.to_string(),
-                        source => format!("{source}: {e}"),
-                    };
-                    return Err(Failure::Txn { ts, error });
+                    return Err(Failure::Txn {
+                        ts,
+                        error: e.to_string(),
+                    });
                 }
             }
         }

@@ -545,6 +545,7 @@ impl Sink<'_> {
             return false;
         };
         let reason = self.node.status().error().unwrap_or_default();
+        let described = format!("{}: {reason}", txn.source);
         let (lines, truncated) = match &self.options.source {
             SourceSpec::File(p) => match read_span(p, txn.begin, txn.end) {
                 Ok(lines) => (lines, false),
@@ -556,7 +557,7 @@ impl Sink<'_> {
             // Skipping means replaying from the checkpoint, and stdin cannot be read again.
             SourceSpec::Stdin => {
                 self.report.stopped_by = Some(format!(
-                    "{reason}. With --on-error skip a transaction a shard refused is skipped by \
+                    "{described}. With --on-error skip a transaction a shard refused is skipped by \
                      replaying from the checkpoint, which stdin cannot do: replay from a file"
                 ));
                 return true;
@@ -584,11 +585,11 @@ impl Sink<'_> {
         if self.skip_refused() {
             return false;
         }
-        if let Some(e) = self.node.status().error() {
+        if let Some(e) = self.node_error() {
             self.report.stopped_by = Some(e);
             return false;
         }
-        match self.node.submit(&self.group, &self.sources) {
+        match self.node.submit(&self.group) {
             Ok(range) => {
                 let hwm = self.node.status().hwm.load(Ordering::Acquire);
                 while self.in_flight.front().is_some_and(|t| t.ts < hwm) {
@@ -683,6 +684,23 @@ impl Sink<'_> {
             ));
             self.catch_up_at = None;
         }
+    }
+
+    /// The node's error, if replay stopped there, with where in the source the transaction a
+    /// shard refused came from (shards know only its timestamp).
+    fn node_error(&self) -> Option<String> {
+        let e = self.node.status().error()?;
+        let failed = self.node.status().failed_ts.load(Ordering::Acquire);
+        Some(
+            match self
+                .in_flight
+                .iter()
+                .find(|t| failed != 0 && t.ts == failed)
+            {
+                Some(t) => format!("{}: {e}", t.source),
+                None => e,
+            },
+        )
     }
 
     fn fail(&mut self, msg: String) {
