@@ -2,8 +2,6 @@
 //! as actors on glommio.
 
 pub mod catalog;
-pub mod client;
-pub mod connection;
 pub mod coordinator;
 pub mod debezium;
 pub mod durable;

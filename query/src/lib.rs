@@ -37,8 +37,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::Stream;
-use retina_node::client::{ClientError, Refusal};
-use retina_node::connection::{Connection, QueryInfo};
+use retina_client::{ClientError, Connection, QueryInfo, Refusal};
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};

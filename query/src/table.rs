@@ -36,8 +36,7 @@ use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use retina_node::client::file_bitmap;
-use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
+use retina_client::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo, file_bitmap};
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
