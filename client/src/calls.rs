@@ -25,7 +25,7 @@ use retina_storage::{TableSchema, Timestamp};
 
 use crate::error::{ClientError, refused};
 use crate::types::{
-    BufferPart, PartData, PlannedFile, QueryInfo, RowGroupBits, ScanPlan, TableInfo, TableRead,
+    BufferPart, PartData, PlanFile, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo, TableRead,
 };
 
 /// Largest reply this client reads, in 8-byte words (Cap'n Proto's default, 64 MiB, is less than
@@ -160,7 +160,7 @@ pub async fn plan(
     let (id, schema) = read_table(plan.get_table()?)?;
     let mut files = Vec::new();
     for f in plan.get_files()? {
-        files.push(PlannedFile {
+        files.push(PlanFile {
             file: f.get_file_id(),
             path: f.get_path()?.to_str()?.to_owned(),
             bytes: f.get_bytes(),
@@ -295,7 +295,7 @@ pub async fn bitmaps(
     query: &QueryInfo,
     file: u64,
     row_groups: &[u32],
-) -> Result<Vec<RowGroupBits>, ClientError> {
+) -> Result<Vec<RowGroupBitmap>, ClientError> {
     let mut req = scan.bitmaps_request();
     req.get().set_file_id(file);
     req.get().set_snapshot(query.snapshot.get());
@@ -310,10 +310,10 @@ pub async fn bitmaps(
         bitmaps_result::Which::Ok(list) => list?
             .iter()
             .map(|b| {
-                Ok(RowGroupBits {
+                Ok(RowGroupBitmap {
                     row_group: b.get_row_group(),
                     rows: b.get_rows(),
-                    deleted: words(b.get_deleted()?),
+                    deleted: bitmap_words(b.get_deleted()?),
                 })
             })
             .collect(),
@@ -362,7 +362,7 @@ pub async fn write_buffer(
             file: part.get_file_id(),
             offset: part.get_offset(),
             rows: part.get_rows(),
-            deleted: words(part.get_deleted()?),
+            deleted: bitmap_words(part.get_deleted()?),
             data,
         });
     }
@@ -384,7 +384,7 @@ fn row_groups(
 }
 
 /// A file's deleted rows as one bitmap (bit i = row i), from its row groups' bitmaps.
-pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBits]) -> Vec<u64> {
+pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBitmap]) -> Vec<u64> {
     let rows: u64 = row_groups.iter().map(|g| g.rows).sum();
     let mut out = vec![0u64; rows.div_ceil(64) as usize];
     for b in bits {
@@ -409,8 +409,8 @@ fn endpoint(text: &str) -> Result<SocketAddr, ClientError> {
         .map_err(|e| ClientError::BadPlan(format!("endpoint `{text}`: {e}")))
 }
 
-/// Little-endian bytes as 64-bit words.
-pub fn words(bytes: &[u8]) -> Vec<u64> {
+/// A bitmap as the contract carries it, little-endian bytes, back into 64-bit words.
+pub fn bitmap_words(bytes: &[u8]) -> Vec<u64> {
     bytes
         .chunks(8)
         .map(|c| {

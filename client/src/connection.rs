@@ -16,7 +16,7 @@ use retina_protocol::retina_capnp::{coordinator, scan_service};
 
 use crate::calls;
 use crate::error::ClientError;
-use crate::types::{BufferPart, QueryInfo, RowGroupBits, ScanPlan, TableInfo};
+use crate::types::{BufferPart, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo};
 
 /// The io_uring memory of the connection's executor: it does little I/O.
 const CLIENT_IO_MEMORY: usize = 256 << 10;
@@ -40,7 +40,7 @@ enum Call {
         query: QueryInfo,
         file: u64,
         row_groups: Vec<u32>,
-        reply: Reply<Vec<RowGroupBits>>,
+        reply: Reply<Vec<RowGroupBitmap>>,
     },
     Buffer {
         service: SocketAddr,
@@ -175,7 +175,7 @@ impl Connection {
         query: QueryInfo,
         file: u64,
         row_groups: Vec<u32>,
-    ) -> Result<Vec<RowGroupBits>, ClientError> {
+    ) -> Result<Vec<RowGroupBitmap>, ClientError> {
         self.call(|reply| Call::Bitmaps {
             service,
             query,

@@ -27,11 +27,11 @@ mod error;
 mod types;
 
 pub use calls::{
-    MAX_REPLY_WORDS, begin, bitmaps, bootstrap, coordinator, end, file_bitmap, plan, read, read_at,
-    renew, scan_service, tables, words, write_buffer,
+    MAX_REPLY_WORDS, begin, bitmap_words, bitmaps, bootstrap, coordinator, end, file_bitmap, plan,
+    read, read_at, renew, scan_service, tables, write_buffer,
 };
 pub use connection::Connection;
 pub use error::{ClientError, Refusal, describe};
 pub use types::{
-    BufferPart, PartData, PlannedFile, QueryInfo, RowGroupBits, ScanPlan, TableInfo, TableRead,
+    BufferPart, PartData, PlanFile, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo, TableRead,
 };

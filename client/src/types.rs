@@ -26,7 +26,7 @@ pub struct TableInfo {
 
 /// A regular file of a scan plan.
 #[derive(Clone, Debug)]
-pub struct PlannedFile {
+pub struct PlanFile {
     pub file: u64,
     /// The object's path under the plan's store URL.
     pub path: String,
@@ -42,14 +42,14 @@ pub struct ScanPlan {
     pub table: TableInfo,
     pub snapshot: Timestamp,
     pub store_url: String,
-    pub files: Vec<PlannedFile>,
+    pub files: Vec<PlanFile>,
     /// The scan services whose write buffers to read.
     pub buffers: Vec<SocketAddr>,
 }
 
 /// Deleted rows of one row group, bit i = the group's row i.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowGroupBits {
+pub struct RowGroupBitmap {
     pub row_group: u32,
     pub rows: u64,
     pub deleted: Vec<u64>,

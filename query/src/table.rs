@@ -36,7 +36,7 @@ use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use retina_client::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo, file_bitmap};
+use retina_client::{BufferPart, PartData, PlanFile, RowGroupBitmap, TableInfo, file_bitmap};
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
@@ -343,8 +343,8 @@ impl TableProvider for RetinaTable {
 
 /// The row groups to read, in file order, with their access from the bitmaps.
 fn units(
-    files: &[PlannedFile],
-    bitmaps: &[Vec<RowGroupBits>],
+    files: &[PlanFile],
+    bitmaps: &[Vec<RowGroupBitmap>],
     snapshot: Timestamp,
     check: bool,
 ) -> Vec<Unit> {
@@ -429,7 +429,7 @@ fn parquet_scan(
     state: &dyn Session,
     url: &ObjectStoreUrl,
     prefix: &str,
-    files: &[PlannedFile],
+    files: &[PlanFile],
     units: Vec<Unit>,
     parts: usize,
     file_schema: &SchemaRef,
