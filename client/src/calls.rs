@@ -420,3 +420,56 @@ pub fn bitmap_words(bytes: &[u8]) -> Vec<u64> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_words_reads_little_endian_bytes_and_a_short_last_word() {
+        let words = [0x0102_0304_0506_0708u64, 0xff];
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(bitmap_words(&bytes), words);
+        bytes.truncate(9);
+        assert_eq!(bitmap_words(&bytes), words);
+        assert!(bitmap_words(&[]).is_empty());
+    }
+
+    #[test]
+    fn file_bitmap_places_each_row_groups_bits_at_its_offset() {
+        let group = |offset, rows| RowGroupInfo {
+            offset,
+            rows,
+            min_create_ts: 1,
+            max_create_ts: 1,
+        };
+        let groups = [group(0, 70), group(70, 60)];
+        let bits = [
+            RowGroupBitmap {
+                row_group: 0,
+                rows: 70,
+                deleted: vec![1, 1 << 5],
+            },
+            // Bit 60 is past the group's and the file's last row: ignored.
+            RowGroupBitmap {
+                row_group: 1,
+                rows: 60,
+                deleted: vec![1 << 0 | 1 << 59 | 1 << 60],
+            },
+        ];
+        let out = file_bitmap(&groups, &bits);
+        let set: Vec<u64> = (0..130)
+            .filter(|&i| out[(i / 64) as usize] >> (i % 64) & 1 == 1)
+            .collect();
+        assert_eq!(set, vec![0, 69, 70, 129]);
+    }
+
+    #[test]
+    fn endpoints_are_socket_addresses() {
+        assert_eq!(
+            endpoint("127.0.0.1:7401").unwrap(),
+            "127.0.0.1:7401".parse::<SocketAddr>().unwrap()
+        );
+        assert!(matches!(endpoint("shard-1"), Err(ClientError::BadPlan(_))));
+    }
+}

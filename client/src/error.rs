@@ -116,3 +116,27 @@ pub(crate) fn refused(e: capnp::Result<error::Reader<'_>>) -> ClientError {
 pub fn describe(e: error::Reader<'_>) -> String {
     Refusal::read(e).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_read_back_from_the_wire_and_say_what_the_node_says() {
+        let mut message = capnp::message::Builder::new_default();
+        let mut e = message.init_root::<error::Builder>().init_catching_up();
+        e.set_snapshot(7);
+        e.set_target(0);
+        let r = message.get_root_as_reader::<error::Reader>().unwrap();
+        let refusal = Refusal::read(r);
+        assert_eq!(
+            refusal,
+            Refusal::CatchingUp {
+                snapshot: 7,
+                target: 0
+            }
+        );
+        assert_eq!(refusal.to_string(), catching_up(7, 0));
+        assert_eq!(describe(r), catching_up(7, 0));
+    }
+}
