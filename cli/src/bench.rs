@@ -987,14 +987,14 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .io_memory(512 << 10)
             .spawn(move || async move {
-                let scan = retina_node::client::scan_service(addr, "")
+                let scan = retina_client::scan_service(addr, "")
                     .await
                     .expect("scan service");
                 // Bitmap calls name a running query, read at its snapshot.
-                let c = retina_node::client::coordinator(coordinator, "")
+                let c = retina_client::coordinator(coordinator, "")
                     .await
                     .expect("coordinator");
-                let q = retina_node::client::begin(&c).await.expect("a query");
+                let q = retina_client::begin(&c).await.expect("a query");
                 let call = |rg: u32| {
                     let mut req = scan.bitmaps_request();
                     req.get().set_file_id(file);

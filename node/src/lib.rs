@@ -2,8 +2,6 @@
 //! the I/O thread, the Cap'n Proto services, and the sources and catalog they replay.
 
 pub mod catalog;
-pub mod client;
-pub mod connection;
 pub mod coordinator;
 pub mod datadir;
 pub mod debezium;

@@ -223,8 +223,8 @@ async fn plan(c: &coordinator::Client, id: u64, table: &str) -> Result<String, S
 fn honest_read(addr: SocketAddr, lake: std::path::PathBuf) -> usize {
     common::on_executor(move || async move {
         let store = retina_storage::file::local_store(&lake).unwrap();
-        let c = retina_node::client::coordinator(addr, "").await.unwrap();
-        let read = retina_node::client::read(&c, "", store.as_ref(), "public.t", None)
+        let c = retina_client::coordinator(addr, "").await.unwrap();
+        let read = retina_client::read(&c, "", store.as_ref(), "public.t", None)
             .await
             .unwrap();
         read.batches.iter().map(|b| b.num_rows()).sum()

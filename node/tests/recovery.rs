@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use retina_client::{ClientError, Refusal};
 use retina_node::catalog::Catalog;
-use retina_node::client::{ClientError, Refusal};
 use retina_node::coordinator::SourceMark;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
@@ -204,8 +204,8 @@ fn a_query_that_cannot_catch_up_is_refused_within_its_wait() {
     // Through the contract, the refusal is typed.
     let addr = node.coordinator_addr().unwrap();
     let refused = common::on_executor(move || async move {
-        let c = retina_node::client::coordinator(addr, "").await.unwrap();
-        retina_node::client::begin(&c).await.map(|q| q.id)
+        let c = retina_client::coordinator(addr, "").await.unwrap();
+        retina_client::begin(&c).await.map(|q| q.id)
     });
     assert!(
         matches!(

@@ -41,7 +41,7 @@ fn client<T: Send + 'static, F: Future<Output = T> + 'static>(
     f: impl FnOnce(bootstrap::Client) -> F + Send + 'static,
 ) -> T {
     common::on_executor(move || async move {
-        let boot = retina_node::client::bootstrap(addr).await.unwrap();
+        let boot = retina_client::bootstrap(addr).await.unwrap();
         f(boot).await
     })
 }
@@ -237,8 +237,8 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
     let lake = dir.path().join("data/lake");
     let (snapshot, mut rows, bitmaps) = client(addr, move |_| async move {
         let store = retina_storage::file::local_store(&lake).unwrap();
-        let c = retina_node::client::coordinator(addr, "tok").await.unwrap();
-        let read = retina_node::client::read(&c, "tok", store.as_ref(), "public.t", None)
+        let c = retina_client::coordinator(addr, "tok").await.unwrap();
+        let read = retina_client::read(&c, "tok", store.as_ref(), "public.t", None)
             .await
             .unwrap();
         let types: Vec<_> = read.schema.columns().iter().map(|c| c.ty).collect();
@@ -287,12 +287,10 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
     let shard = (file >> 48) as usize;
     let scan_addr = node.scan_addrs()[shard];
     let (rows_in_groups, deleted, unknown) = client(scan_addr, move |_| async move {
-        let scan = retina_node::client::scan_service(scan_addr, "tok")
-            .await
-            .unwrap();
+        let scan = retina_client::scan_service(scan_addr, "tok").await.unwrap();
         // Bitmap calls name a running query and read at its snapshot.
-        let c = retina_node::client::coordinator(addr, "tok").await.unwrap();
-        let q = retina_node::client::begin(&c).await.unwrap();
+        let c = retina_client::coordinator(addr, "tok").await.unwrap();
+        let q = retina_client::begin(&c).await.unwrap();
         assert!(q.snapshot >= snapshot);
         let mut req = scan.bitmaps_request();
         req.get().set_file_id(file);
@@ -330,7 +328,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         let resp = req.send().promise.await.unwrap();
         let unknown = match resp.get().unwrap().get_result().unwrap().which().unwrap() {
             retina_protocol::retina_capnp::bitmaps_result::Which::Error(e) => {
-                retina_node::client::describe(e.unwrap())
+                retina_client::describe(e.unwrap())
             }
             _ => "ok".into(),
         };
@@ -395,8 +393,8 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
     let lake = dir.path().join("data/lake");
     let (rows, bytes) = client(addr, move |_| async move {
         let store = retina_storage::file::local_store(&lake).unwrap();
-        let c = retina_node::client::coordinator(addr, "").await.unwrap();
-        let read = retina_node::client::read(&c, "", store.as_ref(), "public.w", None)
+        let c = retina_client::coordinator(addr, "").await.unwrap();
+        let read = retina_client::read(&c, "", store.as_ref(), "public.w", None)
             .await
             .unwrap();
         let types: Vec<_> = read.schema.columns().iter().map(|c| c.ty).collect();

@@ -96,7 +96,7 @@ struct Endpoint {
   address @1 :Text;      # host:port of the shard's scan service
 }
 
-struct FileEntry {
+struct PlanFile @0xf2670c746de4a030 {  # the type ID of its first name, FileEntry
   fileId @0 :UInt64;
   path @1 :Text;         # in the object store
   owner @2 :Endpoint;    # the shard that answers bitmaps for it
@@ -107,12 +107,12 @@ struct FileEntry {
 struct ScanPlan {
   table @0 :Table;
   snapshot @1 :UInt64;
-  files @2 :List(FileEntry);   # regular Parquet files
+  files @2 :List(PlanFile);    # regular Parquet files
   buffers @3 :List(Endpoint);  # shards whose write buffers hold rows of the table
   storeUrl @4 :Text;           # where the paths are: `file:///dir/` or `s3://bucket/prefix/`
 }
 
-struct Bitmap {
+struct RowGroupBitmap @0xaf55cb8c6e1c3624 {  # the type ID of its first name, Bitmap
   rowGroup @0 :UInt32;
   rows @1 :UInt64;
   deleted @2 :Data;
@@ -153,7 +153,7 @@ struct ScanPlanResult {
 
 struct BitmapsResult {
   union {
-    ok @0 :List(Bitmap);
+    ok @0 :List(RowGroupBitmap);
     error @1 :Error;
   }
 }

@@ -1,5 +1,5 @@
 //! Conversions between the storage engine's types and the Cap'n Proto query contract
-//! (`schema/retina.capnp`): table schemas and typed errors.
+//! (`schema/retina.capnp`): table schemas, typed errors and their texts.
 
 use std::sync::Arc;
 
@@ -104,6 +104,20 @@ pub fn write_error(mut b: rc::error::Builder<'_>, e: &StorageError) {
         StorageError::UnknownTable(id) => b.set_unknown_table(format!("table id {id}")),
         other => b.set_internal(other.to_string()),
     }
+}
+
+/// The text of the contract's `catchingUp` error: the node is at `snapshot` and queries wait for
+/// `target` (0: not known yet, what the source held when the node started). The node's refusal
+/// and the client's say the same.
+pub fn catching_up(snapshot: u64, target: u64) -> String {
+    let waits = match target {
+        0 => "what the source held when it started".to_owned(),
+        t => format!("snapshot {t}"),
+    };
+    format!(
+        "the node is catching up with its source: it is at snapshot {snapshot}, queries wait \
+         for {waits}; try again shortly"
+    )
 }
 
 #[cfg(test)]

@@ -37,21 +37,22 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::Stream;
-use retina_node::client::{ClientError, Refusal};
-use retina_node::connection::{Connection, QueryInfo};
+use retina_client::{ClientError, Connection, QueryInfo, Refusal};
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
 pub use table::{RetinaTable, Visibility};
 
-/// A running query: ends when dropped.
-pub struct Snapshot {
+/// A query begun at the coordinator and not yet ended: its id, snapshot and secret. The
+/// connection renews its lease while it runs; dropping it ends the query.
+pub struct RunningQuery {
     conn: Connection,
     info: QueryInfo,
 }
 
-impl Snapshot {
-    pub fn timestamp(&self) -> Timestamp {
+impl RunningQuery {
+    /// The snapshot every table of the query is read at.
+    pub fn snapshot(&self) -> Timestamp {
         self.info.snapshot
     }
 
@@ -65,16 +66,16 @@ impl Snapshot {
     }
 }
 
-impl std::fmt::Debug for Snapshot {
+impl std::fmt::Debug for RunningQuery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot")
+        f.debug_struct("RunningQuery")
             .field("query", &self.info.id)
             .field("snapshot", &self.info.snapshot)
             .finish()
     }
 }
 
-impl Drop for Snapshot {
+impl Drop for RunningQuery {
     fn drop(&mut self) {
         self.conn.end_detached(self.info.id);
     }
@@ -120,7 +121,7 @@ impl Retina {
     ) -> Result<QuerySession, DataFusionError> {
         let tables = self.conn.tables().await.map_err(external)?;
         let info = self.conn.begin().await.map_err(external)?;
-        let snapshot = Arc::new(Snapshot {
+        let query = Arc::new(RunningQuery {
             conn: self.conn.clone(),
             info,
         });
@@ -139,10 +140,10 @@ impl Retina {
             }
             ctx.register_table(
                 name.as_str(),
-                Arc::new(RetinaTable::new(snapshot.clone(), t, visibility)),
+                Arc::new(RetinaTable::new(query.clone(), t, visibility)),
             )?;
         }
-        Ok(QuerySession { ctx, snapshot })
+        Ok(QuerySession { ctx, query })
     }
 
     /// Runs one statement in a query of its own; the query ends when the stream is dropped.
@@ -159,7 +160,7 @@ impl Retina {
 /// A DataFusion session whose tables are read at one snapshot.
 pub struct QuerySession {
     ctx: SessionContext,
-    snapshot: Arc<Snapshot>,
+    query: Arc<RunningQuery>,
 }
 
 impl QuerySession {
@@ -168,11 +169,11 @@ impl QuerySession {
     }
 
     pub fn snapshot(&self) -> Timestamp {
-        self.snapshot.timestamp()
+        self.query.snapshot()
     }
 
     pub fn query_id(&self) -> u64 {
-        self.snapshot.id()
+        self.query.id()
     }
 
     /// Plans and starts `sql`. The stream keeps the query running until it is dropped.
@@ -181,7 +182,7 @@ impl QuerySession {
         let stream = df.execute_stream().await?;
         Ok(Box::pin(HoldingStream {
             inner: stream,
-            _snapshot: self.snapshot.clone(),
+            _query: self.query.clone(),
         }))
     }
 
@@ -192,10 +193,10 @@ impl QuerySession {
     }
 }
 
-/// A stream that keeps its query's snapshot alive.
+/// A stream that keeps its query running.
 struct HoldingStream {
     inner: SendableRecordBatchStream,
-    _snapshot: Arc<Snapshot>,
+    _query: Arc<RunningQuery>,
 }
 
 impl Stream for HoldingStream {

@@ -36,12 +36,11 @@ use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use retina_node::client::file_bitmap;
-use retina_node::connection::{BufferPart, PartData, PlannedFile, RowGroupBits, TableInfo};
+use retina_client::{BufferPart, PartData, PlanFile, RowGroupBitmap, TableInfo, file_bitmap};
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
-use crate::{Snapshot, external};
+use crate::{RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
 /// whatever its creation time: it exists to measure what the check costs.
@@ -54,7 +53,7 @@ pub enum Visibility {
 /// A Retina table at one query's snapshot.
 #[derive(Debug)]
 pub struct RetinaTable {
-    snapshot: Arc<Snapshot>,
+    query: Arc<RunningQuery>,
     table: TableInfo,
     /// The user's columns, without `_create_ts`.
     schema: SchemaRef,
@@ -62,11 +61,11 @@ pub struct RetinaTable {
 }
 
 impl RetinaTable {
-    pub fn new(snapshot: Arc<Snapshot>, table: TableInfo, visibility: Visibility) -> RetinaTable {
+    pub fn new(query: Arc<RunningQuery>, table: TableInfo, visibility: Visibility) -> RetinaTable {
         let stored = table.schema.arrow_schema();
         let user = stored.project(&(0..table.schema.columns().len()).collect::<Vec<_>>());
         RetinaTable {
-            snapshot,
+            query,
             schema: Arc::new(user.expect("the user's columns are a prefix of the stored ones")),
             table,
             visibility,
@@ -112,9 +111,9 @@ impl TableProvider for RetinaTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let conn = &self.snapshot.conn;
+        let conn = &self.query.conn;
         let plan = conn
-            .plan(self.snapshot.id(), self.table.schema.name())
+            .plan(self.query.id(), self.table.schema.name())
             .await
             .map_err(external)?;
         let snapshot = plan.snapshot;
@@ -129,7 +128,7 @@ impl TableProvider for RetinaTable {
 
         // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
         let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
-        let query = self.snapshot.info();
+        let query = self.query.info();
         let bitmaps = try_join_all(plan.files.iter().map(|f| async move {
             let groups: Vec<u32> = (0..f.row_groups.len() as u32)
                 .filter(|&g| f.row_groups[g as usize].min_create_ts <= snapshot.get())
@@ -344,8 +343,8 @@ impl TableProvider for RetinaTable {
 
 /// The row groups to read, in file order, with their access from the bitmaps.
 fn units(
-    files: &[PlannedFile],
-    bitmaps: &[Vec<RowGroupBits>],
+    files: &[PlanFile],
+    bitmaps: &[Vec<RowGroupBitmap>],
     snapshot: Timestamp,
     check: bool,
 ) -> Vec<Unit> {
@@ -430,7 +429,7 @@ fn parquet_scan(
     state: &dyn Session,
     url: &ObjectStoreUrl,
     prefix: &str,
-    files: &[PlannedFile],
+    files: &[PlanFile],
     units: Vec<Unit>,
     parts: usize,
     file_schema: &SchemaRef,

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::array::RecordBatch;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use retina_client::Refusal;
 use retina_node::catalog::Catalog;
-use retina_node::client::Refusal;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_query::{QuerySession, Retina, refusal};
@@ -334,7 +334,7 @@ fn bad_statements_and_unknown_tables_are_clear_errors() {
         assert!(
             matches!(
                 e,
-                retina_node::client::ClientError::Refused(Refusal::UnknownTable(ref t)) if t == "bank.nope"
+                retina_client::ClientError::Refused(Refusal::UnknownTable(ref t)) if t == "bank.nope"
             ),
             "{e}"
         );
@@ -387,7 +387,7 @@ fn a_query_ends_with_its_stream_and_lives_while_renewed() {
         assert!(
             matches!(
                 q,
-                retina_node::client::ClientError::Refused(Refusal::LeaseExpired(_))
+                retina_client::ClientError::Refused(Refusal::LeaseExpired(_))
             ),
             "{q}"
         );

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use retina_protocol::query::catching_up;
 use retina_storage::{StorageError, Timestamp};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,16 +46,4 @@ pub enum BeginRefused {
     /// snapshot it waits for, 0 while the sink has not yet said where the source ended.
     #[error("{}", catching_up(*snapshot, *target))]
     CatchingUp { snapshot: u64, target: u64 },
-}
-
-/// [`BeginRefused::CatchingUp`]'s text (the client's refusal says the same).
-pub fn catching_up(snapshot: u64, target: u64) -> String {
-    let waits = match target {
-        0 => "what the source held when it started".to_owned(),
-        t => format!("snapshot {t}"),
-    };
-    format!(
-        "the node is catching up with its source: it is at snapshot {snapshot}, queries wait \
-         for {waits}; try again shortly"
-    )
 }

@@ -22,7 +22,7 @@ pub mod query;
 pub mod service;
 pub mod state;
 
-pub use error::{BeginRefused, CoordinatorError, catching_up};
+pub use error::{BeginRefused, CoordinatorError};
 pub use msg::CoordMsg;
 pub use persist::{
     CheckpointRecord, Persisted, SOURCE_STATE_FILE, SourceMark, StateFile, checkpoint_dir,

@@ -116,7 +116,7 @@ impl ScanService {
     }
 }
 
-fn words(bitmap: &[u64]) -> Vec<u8> {
+fn bitmap_bytes(bitmap: &[u64]) -> Vec<u8> {
     bitmap.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
@@ -182,7 +182,7 @@ impl scan_service::Server for ScanService {
                     let mut b = list.reborrow().get(i as u32);
                     b.set_row_group(g.row_group);
                     b.set_rows(g.rows);
-                    b.set_deleted(&words(&g.deleted));
+                    b.set_deleted(&bitmap_bytes(&g.deleted));
                 }
             }
             Err(StorageError::UnknownFile(id)) => result.init_error().set_unknown_file(id),
@@ -296,7 +296,7 @@ impl scan_service::Server for ScanService {
             b.set_file_id(file.0);
             b.set_offset(*offset);
             b.set_rows(*rows);
-            b.set_deleted(&words(deleted));
+            b.set_deleted(&bitmap_bytes(deleted));
             match data {
                 Ok(ipc) => b.set_memory(ipc),
                 Err(path) => b.set_path(path),

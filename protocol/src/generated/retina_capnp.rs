@@ -2834,7 +2834,7 @@ pub mod endpoint {
     }
 }
 
-pub mod file_entry {
+pub mod plan_file {
     #[derive(Copy, Clone)]
     pub struct Owned(());
     impl ::capnp::introspect::Introspect for Owned { fn introspect() -> ::capnp::introspect::Type { ::capnp::introspect::TypeVariant::Struct(::capnp::introspect::RawBrandedStructSchema { generic: &_private::RAW_SCHEMA, field_types: _private::get_field_types, annotation_types: _private::get_annotation_types, type_id: ::core::any::TypeId::of::<Owned>() }).into() } }
@@ -3066,15 +3066,15 @@ pub mod file_entry {
             ::capnp::word(116, 6, 38, 219, 135, 110, 192, 231),
             ::capnp::word(3, 0, 7, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(21, 0, 0, 0, 186, 0, 0, 0),
+            ::capnp::word(21, 0, 0, 0, 178, 0, 0, 0),
             ::capnp::word(29, 0, 0, 0, 7, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(25, 0, 0, 0, 31, 1, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(114, 101, 116, 105, 110, 97, 46, 99),
-            ::capnp::word(97, 112, 110, 112, 58, 70, 105, 108),
-            ::capnp::word(101, 69, 110, 116, 114, 121, 0, 0),
+            ::capnp::word(97, 112, 110, 112, 58, 80, 108, 97),
+            ::capnp::word(110, 70, 105, 108, 101, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 1, 0, 1, 0),
             ::capnp::word(20, 0, 0, 0, 3, 0, 4, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
@@ -3259,7 +3259,7 @@ pub mod scan_plan {
             self.reader.get_data_field::<u64>(0)
         }
         #[inline]
-        pub fn get_files(self) -> ::capnp::Result<::capnp::struct_list::Reader<'a,crate::retina_capnp::file_entry::Owned>> {
+        pub fn get_files(self) -> ::capnp::Result<::capnp::struct_list::Reader<'a,crate::retina_capnp::plan_file::Owned>> {
             ::capnp::traits::FromPointerReader::get_from_pointer(&self.reader.get_pointer_field(1), ::core::option::Option::None)
         }
         #[inline]
@@ -3361,15 +3361,15 @@ pub mod scan_plan {
             self.builder.set_data_field::<u64>(0, value);
         }
         #[inline]
-        pub fn get_files(self) -> ::capnp::Result<::capnp::struct_list::Builder<'a,crate::retina_capnp::file_entry::Owned>> {
+        pub fn get_files(self) -> ::capnp::Result<::capnp::struct_list::Builder<'a,crate::retina_capnp::plan_file::Owned>> {
             ::capnp::traits::FromPointerBuilder::get_from_pointer(self.builder.get_pointer_field(1), ::core::option::Option::None)
         }
         #[inline]
-        pub fn set_files(&mut self, value: ::capnp::struct_list::Reader<'_,crate::retina_capnp::file_entry::Owned>) -> ::capnp::Result<()> {
+        pub fn set_files(&mut self, value: ::capnp::struct_list::Reader<'_,crate::retina_capnp::plan_file::Owned>) -> ::capnp::Result<()> {
             ::capnp::traits::SetterInput::set_pointer_builder(self.builder.reborrow().get_pointer_field(1), value, false)
         }
         #[inline]
-        pub fn init_files(self, size: u32) -> ::capnp::struct_list::Builder<'a,crate::retina_capnp::file_entry::Owned> {
+        pub fn init_files(self, size: u32) -> ::capnp::struct_list::Builder<'a,crate::retina_capnp::plan_file::Owned> {
             ::capnp::traits::FromPointerBuilder::init_pointer(self.builder.get_pointer_field(1), size)
         }
         #[inline]
@@ -3530,7 +3530,7 @@ pub mod scan_plan {
             match index {
                 0 => <crate::retina_capnp::table::Owned as ::capnp::introspect::Introspect>::introspect(),
                 1 => <u64 as ::capnp::introspect::Introspect>::introspect(),
-                2 => <::capnp::struct_list::Owned<crate::retina_capnp::file_entry::Owned> as ::capnp::introspect::Introspect>::introspect(),
+                2 => <::capnp::struct_list::Owned<crate::retina_capnp::plan_file::Owned> as ::capnp::introspect::Introspect>::introspect(),
                 3 => <::capnp::struct_list::Owned<crate::retina_capnp::endpoint::Owned> as ::capnp::introspect::Introspect>::introspect(),
                 4 => <::capnp::text::Owned as ::capnp::introspect::Introspect>::introspect(),
                 _ => ::capnp::introspect::panic_invalid_field_index(index),
@@ -3553,7 +3553,7 @@ pub mod scan_plan {
     }
 }
 
-pub mod bitmap {
+pub mod row_group_bitmap {
     #[derive(Copy, Clone)]
     pub struct Owned(());
     impl ::capnp::introspect::Introspect for Owned { fn introspect() -> ::capnp::introspect::Type { ::capnp::introspect::TypeVariant::Struct(::capnp::introspect::RawBrandedStructSchema { generic: &_private::RAW_SCHEMA, field_types: _private::get_field_types, annotation_types: _private::get_annotation_types, type_id: ::core::any::TypeId::of::<Owned>() }).into() } }
@@ -3727,21 +3727,22 @@ pub mod bitmap {
     impl Pipeline  {
     }
     mod _private {
-        pub(crate) static ENCODED_NODE: [::capnp::Word; 63] = [
+        pub(crate) static ENCODED_NODE: [::capnp::Word; 64] = [
             ::capnp::word(0, 0, 0, 0, 5, 0, 6, 0),
             ::capnp::word(36, 54, 28, 110, 140, 203, 85, 175),
             ::capnp::word(13, 0, 0, 0, 1, 0, 2, 0),
             ::capnp::word(116, 6, 38, 219, 135, 110, 192, 231),
             ::capnp::word(1, 0, 7, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(21, 0, 0, 0, 162, 0, 0, 0),
-            ::capnp::word(29, 0, 0, 0, 7, 0, 0, 0),
+            ::capnp::word(21, 0, 0, 0, 226, 0, 0, 0),
+            ::capnp::word(33, 0, 0, 0, 7, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(25, 0, 0, 0, 175, 0, 0, 0),
+            ::capnp::word(29, 0, 0, 0, 175, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(114, 101, 116, 105, 110, 97, 46, 99),
-            ::capnp::word(97, 112, 110, 112, 58, 66, 105, 116),
+            ::capnp::word(97, 112, 110, 112, 58, 82, 111, 119),
+            ::capnp::word(71, 114, 111, 117, 112, 66, 105, 116),
             ::capnp::word(109, 97, 112, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 1, 0, 1, 0),
             ::capnp::word(12, 0, 0, 0, 3, 0, 4, 0),
@@ -5187,12 +5188,12 @@ pub mod bitmaps_result {
             self.builder.as_reader().total_size()
         }
         #[inline]
-        pub fn set_ok(&mut self, value: ::capnp::struct_list::Reader<'_,crate::retina_capnp::bitmap::Owned>) -> ::capnp::Result<()> {
+        pub fn set_ok(&mut self, value: ::capnp::struct_list::Reader<'_,crate::retina_capnp::row_group_bitmap::Owned>) -> ::capnp::Result<()> {
             self.builder.set_data_field::<u16>(0, 0);
             ::capnp::traits::SetterInput::set_pointer_builder(self.builder.reborrow().get_pointer_field(0), value, false)
         }
         #[inline]
-        pub fn init_ok(self, size: u32) -> ::capnp::struct_list::Builder<'a,crate::retina_capnp::bitmap::Owned> {
+        pub fn init_ok(self, size: u32) -> ::capnp::struct_list::Builder<'a,crate::retina_capnp::row_group_bitmap::Owned> {
             self.builder.set_data_field::<u16>(0, 0);
             ::capnp::traits::FromPointerBuilder::init_pointer(self.builder.get_pointer_field(0), size)
         }
@@ -5299,7 +5300,7 @@ pub mod bitmaps_result {
         ];
         pub(crate) fn get_field_types(index: u16) -> ::capnp::introspect::Type {
             match index {
-                0 => <::capnp::struct_list::Owned<crate::retina_capnp::bitmap::Owned> as ::capnp::introspect::Introspect>::introspect(),
+                0 => <::capnp::struct_list::Owned<crate::retina_capnp::row_group_bitmap::Owned> as ::capnp::introspect::Introspect>::introspect(),
                 1 => <crate::retina_capnp::error::Owned as ::capnp::introspect::Introspect>::introspect(),
                 _ => ::capnp::introspect::panic_invalid_field_index(index),
             }
@@ -5323,8 +5324,8 @@ pub mod bitmaps_result {
         Ok(A0),
         Error(A1),
     }
-    pub type WhichReader<'a,> = Which<::capnp::Result<::capnp::struct_list::Reader<'a,crate::retina_capnp::bitmap::Owned>>,::capnp::Result<crate::retina_capnp::error::Reader<'a>>>;
-    pub type WhichBuilder<'a,> = Which<::capnp::Result<::capnp::struct_list::Builder<'a,crate::retina_capnp::bitmap::Owned>>,::capnp::Result<crate::retina_capnp::error::Builder<'a>>>;
+    pub type WhichReader<'a,> = Which<::capnp::Result<::capnp::struct_list::Reader<'a,crate::retina_capnp::row_group_bitmap::Owned>>,::capnp::Result<crate::retina_capnp::error::Reader<'a>>>;
+    pub type WhichBuilder<'a,> = Which<::capnp::Result<::capnp::struct_list::Builder<'a,crate::retina_capnp::row_group_bitmap::Owned>>,::capnp::Result<crate::retina_capnp::error::Builder<'a>>>;
 }
 
 pub mod buffer_result {

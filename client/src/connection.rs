@@ -11,87 +11,17 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow::record_batch::RecordBatch;
 use glommio::{LocalExecutorBuilder, Placement};
-use retina_protocol::query::read_table;
-use retina_protocol::retina_capnp::{coordinator, scan_plan_result, scan_service};
-use retina_storage::file::RowGroupInfo;
-use retina_storage::{TableSchema, Timestamp};
+use retina_protocol::retina_capnp::{coordinator, scan_service};
 
-use crate::client::{self, ClientError};
+use crate::calls;
+use crate::error::ClientError;
+use crate::types::{BufferPart, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo};
 
 /// The io_uring memory of the connection's executor: it does little I/O.
 const CLIENT_IO_MEMORY: usize = 256 << 10;
 /// How long a closing connection waits for calls still in flight (an `end` above all).
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
-
-/// A running query: its id, its snapshot, and how often its lease must be renewed.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct QueryInfo {
-    pub id: u64,
-    pub snapshot: Timestamp,
-    pub lease_ms: u64,
-    /// Presented with the id to the scan services.
-    pub secret: u64,
-}
-
-/// A table as the node describes it.
-#[derive(Clone, Debug)]
-pub struct TableInfo {
-    pub id: u32,
-    pub schema: Arc<TableSchema>,
-}
-
-/// A regular file of a scan plan.
-#[derive(Clone, Debug)]
-pub struct PlannedFile {
-    pub file: u64,
-    /// The object's path under the plan's store URL.
-    pub path: String,
-    pub bytes: u64,
-    /// The scan service that answers the file's bitmaps.
-    pub owner: SocketAddr,
-    pub row_groups: Vec<RowGroupInfo>,
-}
-
-/// What a query reads of one table.
-#[derive(Clone, Debug)]
-pub struct ScanPlan {
-    pub table: TableInfo,
-    pub snapshot: Timestamp,
-    pub store_url: String,
-    pub files: Vec<PlannedFile>,
-    /// The scan services whose write buffers to read.
-    pub buffers: Vec<SocketAddr>,
-}
-
-/// Deleted rows of one row group, bit i = the group's row i.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowGroupBits {
-    pub row_group: u32,
-    pub rows: u64,
-    pub deleted: Vec<u64>,
-}
-
-/// Where a write-buffer part's rows are.
-#[derive(Clone, Debug)]
-pub enum PartData {
-    /// The rows, with `_create_ts`.
-    Memory(Vec<RecordBatch>),
-    /// A Parquet object under the store URL.
-    Path(String),
-}
-
-/// A piece of a shard's write buffer at a snapshot.
-#[derive(Clone, Debug)]
-pub struct BufferPart {
-    pub file: u64,
-    pub offset: u64,
-    pub rows: u64,
-    /// Bit i = row `offset + i` of the file, 1 = deleted at the snapshot.
-    pub deleted: Vec<u64>,
-    pub data: PartData,
-}
 
 type Reply<T> = flume::Sender<Result<T, ClientError>>;
 
@@ -110,7 +40,7 @@ enum Call {
         query: QueryInfo,
         file: u64,
         row_groups: Vec<u32>,
-        reply: Reply<Vec<RowGroupBits>>,
+        reply: Reply<Vec<RowGroupBitmap>>,
     },
     Buffer {
         service: SocketAddr,
@@ -153,7 +83,7 @@ impl Connection {
             .name("retina-client")
             .io_memory(CLIENT_IO_MEMORY)
             .spawn(move || async move {
-                let coordinator = match client::coordinator(addr, &token).await {
+                let coordinator = match calls::coordinator(addr, &token).await {
                     Ok(c) => {
                         let _ = ready_tx.send(Ok(()));
                         c
@@ -245,7 +175,7 @@ impl Connection {
         query: QueryInfo,
         file: u64,
         row_groups: Vec<u32>,
-    ) -> Result<Vec<RowGroupBits>, ClientError> {
+    ) -> Result<Vec<RowGroupBitmap>, ClientError> {
         self.call(|reply| Call::Bitmaps {
             service,
             query,
@@ -318,7 +248,7 @@ impl Worker {
             }
             Call::End(id, reply) => {
                 self.live.borrow_mut().remove(&id);
-                let _ = reply.send(client::end(&self.coordinator, id).await);
+                let _ = reply.send(calls::end(&self.coordinator, id).await);
             }
             Call::Renew(id, reply) => {
                 let _ = reply.send(self.renew(id).await);
@@ -342,7 +272,7 @@ impl Worker {
             } => {
                 let scan = self.scan(service).await;
                 let r = match scan {
-                    Ok(s) => client::bitmaps(&s, &query, file, &row_groups).await,
+                    Ok(s) => calls::bitmaps(&s, &query, file, &row_groups).await,
                     Err(e) => Err(e),
                 };
                 let _ = reply.send(r);
@@ -356,7 +286,7 @@ impl Worker {
                 reply,
             } => {
                 let r = match self.scan(service).await {
-                    Ok(s) => client::write_buffer(&s, &query, table, &known, &columns).await,
+                    Ok(s) => calls::write_buffer(&s, &query, table, &known, &columns).await,
                     Err(e) => Err(e),
                 };
                 let _ = reply.send(r);
@@ -365,20 +295,11 @@ impl Worker {
     }
 
     async fn begin(&self) -> Result<QueryInfo, ClientError> {
-        let resp = self
-            .coordinator
-            .begin_query_request()
-            .send()
-            .promise
-            .await?;
-        client::query_info(resp.get()?.get_result()?)
+        calls::begin(&self.coordinator).await
     }
 
     async fn renew(&self, id: u64) -> Result<QueryInfo, ClientError> {
-        let mut req = self.coordinator.renew_lease_request();
-        req.get().set_query_id(id);
-        let resp = req.send().promise.await?;
-        client::query_info(resp.get()?.get_result()?)
+        calls::renew(&self.coordinator, id).await
     }
 
     /// Renews `q`'s lease at a third of its length until the query ends or a renewal fails.
@@ -407,61 +328,18 @@ impl Worker {
     }
 
     async fn tables(&self) -> Result<Vec<TableInfo>, ClientError> {
-        let resp = self
-            .coordinator
-            .list_tables_request()
-            .send()
-            .promise
-            .await?;
-        resp.get()?
-            .get_tables()?
-            .iter()
-            .map(|t| {
-                let (id, schema) = read_table(t)?;
-                Ok(TableInfo { id, schema })
-            })
-            .collect()
+        calls::tables(&self.coordinator).await
     }
 
     async fn plan(&self, query: u64, table: &str) -> Result<ScanPlan, ClientError> {
-        let mut req = self.coordinator.scan_plan_request();
-        req.get().set_query_id(query);
-        req.get().set_table(table);
-        let resp = req.send().promise.await?;
-        let plan = match resp.get()?.get_result()?.which()? {
-            scan_plan_result::Which::Ok(p) => p?,
-            scan_plan_result::Which::Error(e) => return Err(client::refused(e)),
-        };
-        let (id, schema) = read_table(plan.get_table()?)?;
-        let mut files = Vec::new();
-        for f in plan.get_files()? {
-            files.push(PlannedFile {
-                file: f.get_file_id(),
-                path: f.get_path()?.to_str()?.to_owned(),
-                bytes: f.get_bytes(),
-                owner: client::endpoint(f.get_owner()?.get_address()?.to_str()?)?,
-                row_groups: client::row_groups(f.get_row_groups()?),
-            });
-        }
-        let buffers = plan
-            .get_buffers()?
-            .iter()
-            .map(|b| client::endpoint(b.get_address()?.to_str()?))
-            .collect::<Result<_, _>>()?;
-        Ok(ScanPlan {
-            table: TableInfo { id, schema },
-            snapshot: Timestamp::new(plan.get_snapshot())?,
-            store_url: plan.get_store_url()?.to_str()?.to_owned(),
-            files,
-            buffers,
-        })
+        calls::plan(&self.coordinator, query, table).await
     }
 
     async fn scan(&self, addr: SocketAddr) -> Result<scan_service::Client, ClientError> {
         if let Some(s) = self.scans.borrow().get(&addr) {
             return Ok(s.clone());
         }
-        let s = client::scan_service(addr, &self.token).await?;
+        let s = calls::scan_service(addr, &self.token).await?;
         self.scans.borrow_mut().insert(addr, s.clone());
         Ok(s)
     }

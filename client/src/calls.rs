@@ -1,8 +1,9 @@
-//! A Rust client of the query contract: reads a table at a snapshot the way any query engine
-//! would. It begins a query at the coordinator, takes the scan plan, asks each shard's scan
-//! service for its files and write buffer with their bitmaps, reads Parquet from the object
-//! store itself and applies VFoR, then ends the query. Runs on a glommio executor (the
-//! streams are glommio's); the DataFusion connector builds on the same steps.
+//! The contract's calls, one function each: bootstrap on a port, begin and end a query, take a
+//! table's scan plan, ask a shard's scan service for bitmaps and its write buffer. [`read`] and
+//! [`read_at`] read a whole table at a snapshot the way any query engine would: they read
+//! Parquet from the object store themselves and apply VFoR. Runs on a glommio executor (the
+//! streams are glommio's); [`crate::Connection`] runs them on a thread of its own for any
+//! other runtime.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,122 +18,15 @@ use object_store::path::Path;
 use retina_protocol::query::read_table;
 use retina_protocol::retina_capnp::{
     bitmaps_result, bootstrap, buffer_part, buffer_result, coordinator, coordinator_result, done,
-    error, query_result, scan_plan_result, scan_service, scan_service_result,
+    query_result, scan_plan_result, scan_service, scan_service_result,
 };
 use retina_storage::file::{Projection, RowGroupInfo, filter_visible, get, read_visible};
-
-use crate::connection::{BufferPart, PartData, QueryInfo, RowGroupBits};
 use retina_storage::{TableSchema, Timestamp};
 
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("connecting to {addr}: {reason}")]
-    Connect { addr: SocketAddr, reason: String },
-    #[error("RPC: {0}")]
-    Rpc(#[from] capnp::Error),
-    /// The node answered with a typed error.
-    #[error("{0}")]
-    Refused(Refusal),
-    #[error("a bad scan plan: {0}")]
-    BadPlan(String),
-    #[error(transparent)]
-    Storage(#[from] retina_storage::StorageError),
-    #[error("arrow: {0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-    #[error("the client's connection thread stopped")]
-    Closed,
-}
-
-impl From<std::str::Utf8Error> for ClientError {
-    fn from(e: std::str::Utf8Error) -> Self {
-        ClientError::Rpc(e.into())
-    }
-}
-
-impl From<capnp::NotInSchema> for ClientError {
-    fn from(e: capnp::NotInSchema) -> Self {
-        ClientError::Rpc(e.into())
-    }
-}
-
-/// The contract's typed `Error`, owned.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    #[error("unknown table {0}")]
-    UnknownTable(String),
-    #[error(
-        "snapshot {requested} is too old: visibility was folded up to {oldest}; begin a new query"
-    )]
-    SnapshotTooOld { requested: u64, oldest: u64 },
-    #[error("snapshot {requested} is in the future: applied through {applied_through}")]
-    SnapshotInFuture {
-        requested: u64,
-        applied_through: u64,
-    },
-    #[error("the lease of query {0} expired")]
-    LeaseExpired(u64),
-    #[error("file {0:016x} is gone: ask for a new plan")]
-    UnknownFile(u64),
-    #[error("unauthorized: wrong or missing auth token")]
-    Unauthorized,
-    #[error("wrong service: {0}")]
-    WrongService(String),
-    #[error("node error: {0}")]
-    Internal(String),
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    #[error("too many queries: {0} run, the limit; end one first")]
-    TooManyQueries(u32),
-    #[error("{}", crate::coordinator::catching_up(*snapshot, *target))]
-    CatchingUp { snapshot: u64, target: u64 },
-    #[error("an error this client does not know ({0})")]
-    Unknown(String),
-}
-
-impl Refusal {
-    pub fn read(e: error::Reader<'_>) -> Refusal {
-        let text = |t: capnp::Result<capnp::text::Reader<'_>>| {
-            t.ok()
-                .and_then(|t| t.to_str().ok().map(str::to_owned))
-                .unwrap_or_default()
-        };
-        match e.which() {
-            Ok(error::Which::UnknownTable(t)) => Refusal::UnknownTable(text(t)),
-            Ok(error::Which::SnapshotTooOld(g)) => Refusal::SnapshotTooOld {
-                requested: g.get_requested(),
-                oldest: g.get_oldest(),
-            },
-            Ok(error::Which::SnapshotInFuture(g)) => Refusal::SnapshotInFuture {
-                requested: g.get_requested(),
-                applied_through: g.get_applied_through(),
-            },
-            Ok(error::Which::LeaseExpired(id)) => Refusal::LeaseExpired(id),
-            Ok(error::Which::UnknownFile(id)) => Refusal::UnknownFile(id),
-            Ok(error::Which::Unauthorized(())) => Refusal::Unauthorized,
-            Ok(error::Which::WrongService(t)) => Refusal::WrongService(text(t)),
-            Ok(error::Which::Internal(t)) => Refusal::Internal(text(t)),
-            Ok(error::Which::InvalidArgument(t)) => Refusal::InvalidArgument(text(t)),
-            Ok(error::Which::TooManyQueries(n)) => Refusal::TooManyQueries(n),
-            Ok(error::Which::CatchingUp(g)) => Refusal::CatchingUp {
-                snapshot: g.get_snapshot(),
-                target: g.get_target(),
-            },
-            Err(e) => Refusal::Unknown(e.to_string()),
-        }
-    }
-}
-
-pub(crate) fn refused(e: capnp::Result<error::Reader<'_>>) -> ClientError {
-    match e {
-        Ok(e) => ClientError::Refused(Refusal::read(e)),
-        Err(e) => ClientError::Rpc(e),
-    }
-}
-
-/// The typed error as a sentence.
-pub fn describe(e: error::Reader<'_>) -> String {
-    Refusal::read(e).to_string()
-}
+use crate::error::{ClientError, refused};
+use crate::types::{
+    BufferPart, PartData, PlanFile, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo, TableRead,
+};
 
 /// Largest reply this client reads, in 8-byte words (Cap'n Proto's default, 64 MiB, is less than
 /// one shard's write buffer of a table with wide rows may take even in parts of
@@ -192,13 +86,6 @@ pub async fn scan_service(
     }
 }
 
-/// A table read at one snapshot.
-pub struct TableRead {
-    pub snapshot: Timestamp,
-    pub schema: Arc<TableSchema>,
-    pub batches: Vec<RecordBatch>,
-}
-
 /// Begins a query: its id, snapshot, lease and secret.
 pub async fn begin(coordinator: &coordinator::Client) -> Result<QueryInfo, ClientError> {
     let resp = coordinator.begin_query_request().send().promise.await?;
@@ -206,7 +93,7 @@ pub async fn begin(coordinator: &coordinator::Client) -> Result<QueryInfo, Clien
 }
 
 /// A `QueryResult` as a [`QueryInfo`] or the refusal.
-pub(crate) fn query_info(r: query_result::Reader<'_>) -> Result<QueryInfo, ClientError> {
+fn query_info(r: query_result::Reader<'_>) -> Result<QueryInfo, ClientError> {
     match r.which()? {
         query_result::Which::Ok(q) => {
             let q = q?;
@@ -230,6 +117,69 @@ pub async fn end(coordinator: &coordinator::Client, query: u64) -> Result<(), Cl
         return Err(refused(e));
     }
     Ok(())
+}
+
+/// Renews a query's lease: the query as it stands now.
+pub async fn renew(
+    coordinator: &coordinator::Client,
+    query: u64,
+) -> Result<QueryInfo, ClientError> {
+    let mut req = coordinator.renew_lease_request();
+    req.get().set_query_id(query);
+    let resp = req.send().promise.await?;
+    query_info(resp.get()?.get_result()?)
+}
+
+/// The node's tables.
+pub async fn tables(coordinator: &coordinator::Client) -> Result<Vec<TableInfo>, ClientError> {
+    let resp = coordinator.list_tables_request().send().promise.await?;
+    resp.get()?
+        .get_tables()?
+        .iter()
+        .map(|t| {
+            let (id, schema) = read_table(t)?;
+            Ok(TableInfo { id, schema })
+        })
+        .collect()
+}
+
+/// The scan plan of `table` at the snapshot of the running query `query`.
+pub async fn plan(
+    coordinator: &coordinator::Client,
+    query: u64,
+    table: &str,
+) -> Result<ScanPlan, ClientError> {
+    let mut req = coordinator.scan_plan_request();
+    req.get().set_query_id(query);
+    req.get().set_table(table);
+    let resp = req.send().promise.await?;
+    let plan = match resp.get()?.get_result()?.which()? {
+        scan_plan_result::Which::Ok(p) => p?,
+        scan_plan_result::Which::Error(e) => return Err(refused(e)),
+    };
+    let (id, schema) = read_table(plan.get_table()?)?;
+    let mut files = Vec::new();
+    for f in plan.get_files()? {
+        files.push(PlanFile {
+            file: f.get_file_id(),
+            path: f.get_path()?.to_str()?.to_owned(),
+            bytes: f.get_bytes(),
+            owner: endpoint(f.get_owner()?.get_address()?.to_str()?)?,
+            row_groups: row_groups(f.get_row_groups()?),
+        });
+    }
+    let buffers = plan
+        .get_buffers()?
+        .iter()
+        .map(|b| endpoint(b.get_address()?.to_str()?))
+        .collect::<Result<_, _>>()?;
+    Ok(ScanPlan {
+        table: TableInfo { id, schema },
+        snapshot: Timestamp::new(plan.get_snapshot())?,
+        store_url: plan.get_store_url()?.to_str()?.to_owned(),
+        files,
+        buffers,
+    })
 }
 
 /// Reads every row of `table` visible at a new query's snapshot, through the contract.
@@ -345,7 +295,7 @@ pub async fn bitmaps(
     query: &QueryInfo,
     file: u64,
     row_groups: &[u32],
-) -> Result<Vec<RowGroupBits>, ClientError> {
+) -> Result<Vec<RowGroupBitmap>, ClientError> {
     let mut req = scan.bitmaps_request();
     req.get().set_file_id(file);
     req.get().set_snapshot(query.snapshot.get());
@@ -360,10 +310,10 @@ pub async fn bitmaps(
         bitmaps_result::Which::Ok(list) => list?
             .iter()
             .map(|b| {
-                Ok(RowGroupBits {
+                Ok(RowGroupBitmap {
                     row_group: b.get_row_group(),
                     rows: b.get_rows(),
-                    deleted: words(b.get_deleted()?),
+                    deleted: bitmap_words(b.get_deleted()?),
                 })
             })
             .collect(),
@@ -412,7 +362,7 @@ pub async fn write_buffer(
             file: part.get_file_id(),
             offset: part.get_offset(),
             rows: part.get_rows(),
-            deleted: words(part.get_deleted()?),
+            deleted: bitmap_words(part.get_deleted()?),
             data,
         });
     }
@@ -420,7 +370,7 @@ pub async fn write_buffer(
 }
 
 /// A plan's row groups, owned.
-pub(crate) fn row_groups(
+fn row_groups(
     list: capnp::struct_list::Reader<'_, retina_protocol::retina_capnp::row_group::Owned>,
 ) -> Vec<RowGroupInfo> {
     list.iter()
@@ -434,7 +384,7 @@ pub(crate) fn row_groups(
 }
 
 /// A file's deleted rows as one bitmap (bit i = row i), from its row groups' bitmaps.
-pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBits]) -> Vec<u64> {
+pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBitmap]) -> Vec<u64> {
     let rows: u64 = row_groups.iter().map(|g| g.rows).sum();
     let mut out = vec![0u64; rows.div_ceil(64) as usize];
     for b in bits {
@@ -454,13 +404,13 @@ pub fn file_bitmap(row_groups: &[RowGroupInfo], bits: &[RowGroupBits]) -> Vec<u6
 }
 
 /// A scan service's address as a plan gives it.
-pub(crate) fn endpoint(text: &str) -> Result<SocketAddr, ClientError> {
+fn endpoint(text: &str) -> Result<SocketAddr, ClientError> {
     text.parse()
         .map_err(|e| ClientError::BadPlan(format!("endpoint `{text}`: {e}")))
 }
 
-/// Little-endian bytes as 64-bit words.
-pub fn words(bytes: &[u8]) -> Vec<u64> {
+/// A bitmap as the contract carries it, little-endian bytes, back into 64-bit words.
+pub fn bitmap_words(bytes: &[u8]) -> Vec<u64> {
     bytes
         .chunks(8)
         .map(|c| {
@@ -469,4 +419,57 @@ pub fn words(bytes: &[u8]) -> Vec<u64> {
             u64::from_le_bytes(w)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap_words_reads_little_endian_bytes_and_a_short_last_word() {
+        let words = [0x0102_0304_0506_0708u64, 0xff];
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(bitmap_words(&bytes), words);
+        bytes.truncate(9);
+        assert_eq!(bitmap_words(&bytes), words);
+        assert!(bitmap_words(&[]).is_empty());
+    }
+
+    #[test]
+    fn file_bitmap_places_each_row_groups_bits_at_its_offset() {
+        let group = |offset, rows| RowGroupInfo {
+            offset,
+            rows,
+            min_create_ts: 1,
+            max_create_ts: 1,
+        };
+        let groups = [group(0, 70), group(70, 60)];
+        let bits = [
+            RowGroupBitmap {
+                row_group: 0,
+                rows: 70,
+                deleted: vec![1, 1 << 5],
+            },
+            // Bit 60 is past the group's and the file's last row: ignored.
+            RowGroupBitmap {
+                row_group: 1,
+                rows: 60,
+                deleted: vec![1 << 0 | 1 << 59 | 1 << 60],
+            },
+        ];
+        let out = file_bitmap(&groups, &bits);
+        let set: Vec<u64> = (0..130)
+            .filter(|&i| out[(i / 64) as usize] >> (i % 64) & 1 == 1)
+            .collect();
+        assert_eq!(set, vec![0, 69, 70, 129]);
+    }
+
+    #[test]
+    fn endpoints_are_socket_addresses() {
+        assert_eq!(
+            endpoint("127.0.0.1:7401").unwrap(),
+            "127.0.0.1:7401".parse::<SocketAddr>().unwrap()
+        );
+        assert!(matches!(endpoint("shard-1"), Err(ClientError::BadPlan(_))));
+    }
 }
