@@ -11,6 +11,7 @@ pub mod fault;
 pub mod file;
 pub mod index;
 pub mod key;
+pub mod op;
 pub mod schema;
 pub mod shard;
 pub mod tile;
@@ -23,10 +24,11 @@ pub use checkpoint::{ShardImage, VisibilityImage};
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};
 pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLocation};
+pub use op::{RowOp, TableId, TableOp, TableOpRef};
 pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
 pub use shard::{
-    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RewriteJob, RowGroupBitmap, RowOp,
-    Shard, TableId, TableOp, TableOpRef, TableSnapshot,
+    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RewriteJob, RowGroupBitmap, Shard,
+    TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};
