@@ -23,12 +23,12 @@ pub use buffer::{BlockData, BlockId, WriteBuffer, user_columns};
 pub use checkpoint::{ShardImage, VisibilityImage};
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};
+pub use file::RewriteJob;
 pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLocation};
 pub use op::{RowOp, TableId, TableOp, TableOpRef};
 pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
 pub use shard::{
-    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RewriteJob, RowGroupBitmap, Shard,
-    TableSnapshot,
+    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RowGroupBitmap, Shard, TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};

@@ -14,7 +14,7 @@ use crate::checkpoint::VisibilityImage;
 use crate::checkpoint::{FileImage, ShardImage, TableImage};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
-use crate::file::{self, Projection, RowGroupInfo};
+use crate::file::{self, Projection, RewriteJob, RowGroupInfo};
 use crate::index::{Extent, FileId, KeptRows, PrimaryIndex, RowIdMap};
 use crate::key::{display_key, encode_key};
 use crate::op::{RowOp, TableId, TableOpRef};
@@ -82,33 +82,6 @@ struct Superseded {
 
 /// Rewrites a shard starts per memory GC at most, so background work stays bounded.
 pub const MAX_REWRITES_PER_GC: usize = 4;
-
-/// Storage GC's work on one regular file: write the rows live at `safe_ts` (keeping their
-/// `_create_ts`) to `target`, as file `target_file`.
-#[derive(Clone, Debug)]
-pub struct RewriteJob {
-    pub file: FileId,
-    pub source: Path,
-    pub target_file: FileId,
-    pub target: Path,
-    pub safe_ts: Timestamp,
-    /// Rows of the file.
-    pub rows: u64,
-    /// Its deleted rows at `safe_ts` (bit i = row i): the rows the rewrite drops.
-    pub deleted: Vec<u64>,
-}
-
-impl RewriteJob {
-    /// Rows the rewritten file holds.
-    pub fn kept_rows(&self) -> u64 {
-        self.rows
-            - self
-                .deleted
-                .iter()
-                .map(|w| u64::from(w.count_ones()))
-                .sum::<u64>()
-    }
-}
 
 /// What a finished rewrite changed, for the catalog: later scan plans list `by` (when some
 /// row survived) instead of `file` for snapshots from `from` on.
