@@ -26,7 +26,7 @@ pub use error::{Result, StorageError};
 pub use file::RewriteJob;
 pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLocation};
 pub use op::{RowOp, TableId, TableOp, TableOpRef};
-pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
+pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema, batch_rows};
 pub use shard::{
     ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RowGroupBitmap, Shard, TableSnapshot,
 };
