@@ -28,7 +28,8 @@ pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLoca
 pub use op::{RowOp, TableId, TableOp, TableOpRef};
 pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema, batch_rows};
 pub use shard::{
-    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RowGroupBitmap, Shard, TableSnapshot,
+    ApplyStats, BufferPart, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RowGroupBitmap, Shard,
+    TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};

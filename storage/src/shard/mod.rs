@@ -30,7 +30,7 @@ use crate::visibility::FileVisibility;
 
 pub use apply::ApplyStats;
 pub use gc::{MAX_REWRITES_PER_GC, Replacement};
-pub use read::{RowGroupBitmap, SnapshotPart, TableSnapshot};
+pub use read::{BufferPart, RowGroupBitmap, TableSnapshot};
 
 use apply::Plan;
 

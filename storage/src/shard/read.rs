@@ -30,10 +30,13 @@ pub struct RowGroupBitmap {
 pub struct TableSnapshot {
     pub schema: Arc<TableSchema>,
     pub snapshot: Timestamp,
-    pub parts: Vec<SnapshotPart>,
+    pub parts: Vec<BufferPart>,
 }
 
-pub struct SnapshotPart {
+/// A piece of a [`TableSnapshot`]: a write-buffer block (in memory or flushed), or a whole
+/// regular file the query's plan does not list (one combined or rewritten since). Queries get it
+/// as the wire's `BufferPart`.
+pub struct BufferPart {
     /// The file the rows belong to and the offset of the part's first row there.
     pub file: FileId,
     pub offset: u64,
@@ -120,7 +123,7 @@ impl Shard {
             let rows = groups.iter().map(|g| g.rows).sum();
             let mut deleted = Vec::new();
             Self::file_bitmap(t, id, 0, rows, snapshot, image, &mut deleted)?;
-            parts.push(SnapshotPart {
+            parts.push(BufferPart {
                 file: id,
                 offset: 0,
                 rows,
@@ -140,7 +143,7 @@ impl Shard {
                 image,
                 &mut deleted,
             )?;
-            parts.push(SnapshotPart {
+            parts.push(BufferPart {
                 file: id,
                 offset: block.offset,
                 rows: block.rows,
