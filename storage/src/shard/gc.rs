@@ -137,8 +137,9 @@ impl Shard {
             .get_mut(&job.file)
             .expect("a file being rewritten stays tracked");
         assert!(old.rewriting, "file {} is being rewritten", job.file);
-        // Deletes after the safe timestamp, at their new offsets, in timestamp order (each
-        // tile's deletes must be.
+        // Deletes after the safe timestamp, at their new offsets, in timestamp order: a tile
+        // takes its deletes in timestamp order, and the old file's pending deletes come tile by
+        // tile, while one tile of the new file may hold rows of several old tiles.
         let mut moved: Vec<(Timestamp, u64)> = old
             .visibility
             .pending()
