@@ -12,6 +12,7 @@ pub mod file;
 pub mod index;
 pub mod key;
 pub mod op;
+pub mod route;
 pub mod schema;
 pub mod shard;
 pub mod tile;

@@ -9,6 +9,7 @@ use crate::error::{Result, StorageError};
 use crate::index::{Extent, FileId};
 use crate::key::{display_key, encode_key};
 use crate::op::{RowOp, TableId, TableOpRef};
+use crate::route::shard_for_key;
 use crate::ts::Timestamp;
 use crate::value::RowRef;
 use crate::visibility::FileVisibility;
@@ -105,7 +106,8 @@ impl Plan {
 impl Shard {
     /// Applies one mirror transaction's operations (those that belong to this shard) at `ts`,
     /// in order. Either every operation applies or, on an error naming the operation, none
-    /// does and the shard is exactly as before.
+    /// does and the shard is exactly as before. A shard with an owner
+    /// ([`Self::set_owner`]) refuses a key that routes to another shard.
     pub fn apply<O: TableOpRef>(&mut self, ts: Timestamp, ops: &[O]) -> Result<ApplyStats> {
         if ts <= self.applied_through {
             return Err(StorageError::TimestampBackwards {
@@ -182,8 +184,8 @@ impl Shard {
             let table = op.table();
             let t = self.table(table).map_err(fail)?;
             let schema = &t.schema;
-            // Encodes a checked row's key into the arena; its state now: as this transaction
-            // left it, else as the index has it.
+            // Encodes a checked row's key into the arena, refusing a key another shard owns;
+            // its state now: as this transaction left it, else as the index has it.
             let key_of = |row: &O::Row, full: bool, plan: &mut Plan| -> Result<_> {
                 if full {
                     schema.check_row(row)?;
@@ -193,6 +195,13 @@ impl Shard {
                 let start = plan.arena.len();
                 encode_key(schema, row, &mut plan.arena);
                 let range = start..plan.arena.len();
+                if let Some(shards) = self.owner
+                    && shard_for_key(schema.name(), &plan.arena[range.clone()], shards) != self.id
+                {
+                    return Err(StorageError::WrongShard {
+                        table: schema.name().into(),
+                    });
+                }
                 let state = plan.touched(table, range.clone()).unwrap_or_else(|| {
                     if t.index.latest(&plan.arena[range.clone()]).is_some() {
                         Planned::Present

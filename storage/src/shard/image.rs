@@ -87,6 +87,7 @@ impl Shard {
             next_file_seq: image.next_file_seq,
             applied_through: at,
             last_checkpoint: checkpoint,
+            owner: None,
             plan: Plan::default(),
         };
         for (t, schema) in image.tables.into_iter().zip(schemas) {

@@ -43,6 +43,9 @@ pub struct Shard {
     applied_through: Timestamp,
     /// The id of the newest checkpoint taken of this shard (0: none).
     last_checkpoint: u64,
+    /// Set by [`Shard::set_owner`]: the shard count keys are routed over; [`Shard::apply`]
+    /// refuses a key that routes to another shard. `None`: keys are not checked.
+    owner: Option<u16>,
     /// Scratch space of [`Shard::apply`].
     plan: Plan,
 }
@@ -137,12 +140,22 @@ impl Shard {
             next_file_seq: 0,
             applied_through: Timestamp::GENESIS,
             last_checkpoint: 0,
+            owner: None,
             plan: Plan::default(),
         })
     }
 
     pub fn id(&self) -> u16 {
         self.id
+    }
+
+    /// Makes this shard the owner of the keys that [`crate::route::shard_for_key`] sends to its
+    /// id among `of` shards: from now on [`Self::apply`] refuses a transaction with any other
+    /// key ([`StorageError::WrongShard`]), leaving the shard as it was. Not part of a checkpoint
+    /// image: a restored shard checks nothing until this is called again.
+    pub fn set_owner(&mut self, of: u16) {
+        assert!(self.id < of, "shard {} is not one of {of} shards", self.id);
+        self.owner = Some(of);
     }
 
     pub fn config(&self) -> &StorageConfig {
