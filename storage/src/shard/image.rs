@@ -13,7 +13,7 @@ use crate::index::{PrimaryIndex, RowIdMap};
 use crate::schema::TableSchema;
 use crate::visibility::FileVisibility;
 
-use super::apply::Plan;
+use super::plan::Plan;
 
 impl Shard {
     /// The shard as of its applied timestamp, for checkpoint `id` (ids grow): what

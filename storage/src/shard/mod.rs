@@ -11,6 +11,7 @@ mod apply;
 mod gc;
 mod image;
 mod jobs;
+mod plan;
 mod read;
 
 use std::collections::BTreeMap;
@@ -32,7 +33,7 @@ pub use apply::ApplyStats;
 pub use gc::{MAX_REWRITES_PER_GC, Replacement};
 pub use read::{BufferPart, RowGroupBitmap, TableSnapshot};
 
-use apply::Plan;
+use plan::Plan;
 
 /// One shard's storage: every table's rows that hash to this shard.
 pub struct Shard {
