@@ -17,8 +17,9 @@ use super::plan::Plan;
 
 impl Shard {
     /// The shard as of its applied timestamp, for checkpoint `id` (ids grow): what
-    /// [`Self::from_image`] restores. Visibility is folded at the applied timestamp, since no
-    /// query after a restart reads below it. Objects retired from now on stay until a later
+    /// [`Self::from_image`] restores. The image holds each file's deleted rows at the applied
+    /// timestamp only (older deletes are not told apart), since no query after a restart reads
+    /// below it; the shard itself is not folded. Objects retired from now on stay until a later
     /// checkpoint is complete (see [`Self::take_deletable`]).
     pub fn checkpoint(&mut self, id: u64) -> Result<ShardImage> {
         assert!(id > self.last_checkpoint, "checkpoint ids grow");

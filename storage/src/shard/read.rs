@@ -34,8 +34,8 @@ pub struct TableSnapshot {
 }
 
 /// A piece of a [`TableSnapshot`]: a write-buffer block (in memory or flushed), or a whole
-/// regular file the query's plan does not list (one combined or rewritten since). Queries get it
-/// as the wire's `BufferPart`.
+/// regular file the query does not read from its plan (with [`Shard::snapshot_except`]: one
+/// combined or rewritten after the plan was made). Queries get it as the wire's `BufferPart`.
 pub struct BufferPart {
     /// The file the rows belong to and the offset of the part's first row there.
     pub file: FileId,
