@@ -698,7 +698,7 @@ impl WriteBuffer {
                         )));
                     }
                     let mut a = ActiveBlock::new(&schema, block_rows);
-                    for row in crate::value::batch_rows(&batch, &types) {
+                    for row in crate::schema::batch_rows(&batch, &types) {
                         let (ts, values) = row.split_last().expect("_create_ts is last");
                         for (col, v) in a.columns.iter_mut().zip(values) {
                             col.push(v.as_ref());

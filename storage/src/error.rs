@@ -67,6 +67,11 @@ pub enum StorageError {
     #[error("table `{table}`: key {key} already exists")]
     DuplicateKey { table: String, key: String },
 
+    /// A key the shard does not own (see [`crate::Shard::set_owner`]): a routing bug, which
+    /// applying would hide by splitting the key's rows across shards.
+    #[error("a key of table `{table}` routed to the wrong shard")]
+    WrongShard { table: String },
+
     #[error("operation {index} of the transaction at ts {ts}: {source}")]
     Op {
         index: usize,

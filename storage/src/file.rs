@@ -25,6 +25,7 @@ use parquet::schema::types::ColumnPath;
 use crate::buffer::{CombineJob, FlushJob};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
+use crate::index::FileId;
 use crate::schema::{CREATE_TS_COLUMN, TableSchema};
 use crate::ts::{Timestamp, is_visible};
 
@@ -89,7 +90,7 @@ pub struct RowGroupInfo {
     pub max_create_ts: u64,
 }
 
-/// A regular file as [`combine_blocks`] wrote it.
+/// A regular file as [`combine_blocks`] or [`rewrite_file`] wrote it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CombinedFile {
     pub groups: Vec<RowGroupInfo>,
@@ -373,6 +374,34 @@ pub async fn combine_blocks(
     })
 }
 
+/// Storage GC's work on one regular file: write the rows live at `safe_ts` (keeping their
+/// `_create_ts`) to `target`, as file `target_file`. [`crate::Shard::take_rewrite_jobs`] makes
+/// it, [`rewrite_file`] does it.
+#[derive(Clone, Debug)]
+pub struct RewriteJob {
+    pub file: FileId,
+    pub source: Path,
+    pub target_file: FileId,
+    pub target: Path,
+    pub safe_ts: Timestamp,
+    /// Rows of the file.
+    pub rows: u64,
+    /// Its deleted rows at `safe_ts` (bit i = row i): the rows the rewrite drops.
+    pub deleted: Vec<u64>,
+}
+
+impl RewriteJob {
+    /// Rows the rewritten file holds.
+    pub fn kept_rows(&self) -> u64 {
+        self.rows
+            - self
+                .deleted
+                .iter()
+                .map(|w| u64::from(w.count_ones()))
+                .sum::<u64>()
+    }
+}
+
 /// Storage GC: writes the rows of `job.source` live at the job's safe timestamp to
 /// `job.target`, every column with `_create_ts` as stored, checking the rows before writing and
 /// the footer after. A job that keeps no row writes nothing. The source is left in place: it
@@ -381,7 +410,7 @@ pub async fn rewrite_file(
     store: &dyn ObjectStore,
     schema: &TableSchema,
     config: &StorageConfig,
-    job: &crate::shard::RewriteJob,
+    job: &RewriteJob,
 ) -> Result<CombinedFile> {
     let kept = job.kept_rows();
     if kept == 0 {

@@ -11,6 +11,8 @@ pub mod fault;
 pub mod file;
 pub mod index;
 pub mod key;
+pub mod op;
+pub mod route;
 pub mod schema;
 pub mod shard;
 pub mod tile;
@@ -22,11 +24,13 @@ pub use buffer::{BlockData, BlockId, WriteBuffer, user_columns};
 pub use checkpoint::{ShardImage, VisibilityImage};
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};
+pub use file::RewriteJob;
 pub use index::{Extent, FileId, KeptRows, PrimaryIndex, RowId, RowIdMap, RowLocation};
-pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema};
+pub use op::{RowOp, TableId, TableOp, TableOpRef};
+pub use schema::{CREATE_TS_COLUMN, ColumnDef, ColumnType, TableSchema, batch_rows};
 pub use shard::{
-    ApplyStats, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RewriteJob, RowGroupBitmap, RowOp,
-    Shard, TableId, TableOp, TableOpRef, TableSnapshot,
+    ApplyStats, BufferPart, MAX_REWRITES_PER_GC, MemoryUsage, Replacement, RowGroupBitmap, Shard,
+    TableSnapshot,
 };
 pub use tile::TileVisibility;
 pub use ts::{Hwm, Lwm, Timestamp};

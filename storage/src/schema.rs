@@ -1,5 +1,5 @@
 //! Table schemas: the user's columns and primary key, their Arrow types, and the hidden
-//! `_create_ts` column every stored row carries.
+//! `_create_ts` column every stored row carries; [`batch_rows`] reads Arrow rows back as values.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 use crate::error::{Result, StorageError};
-use crate::value::{RowRef, ValueRef};
+use crate::value::{RowRef, Value, ValueRef};
 
 /// The hidden column holding each row's create timestamp. User tables may not use the name.
 pub const CREATE_TS_COLUMN: &str = "_create_ts";
@@ -277,6 +277,50 @@ impl TableSchema {
         }
         Ok(())
     }
+}
+
+/// The rows of a batch as owned values, column `i` of the batch read as `types[i]` (a
+/// projection of a table's stored columns; `_create_ts` reads as `Int64`).
+pub fn batch_rows(
+    batch: &arrow::record_batch::RecordBatch,
+    types: &[ColumnType],
+) -> Vec<Vec<Value>> {
+    use ColumnType as T;
+    use arrow::array::{
+        Array, AsArray,
+        types::{
+            Date32Type, Decimal128Type, Float32Type, Float64Type, Int32Type, Int64Type,
+            Time64MicrosecondType, TimestampMicrosecondType,
+        },
+    };
+    assert_eq!(batch.num_columns(), types.len(), "one type per column");
+    let mut rows = vec![Vec::with_capacity(types.len()); batch.num_rows()];
+    for (col, ty) in batch.columns().iter().zip(types) {
+        for (r, row) in rows.iter_mut().enumerate() {
+            let v = if col.is_null(r) {
+                Value::Null
+            } else {
+                match ty {
+                    T::Boolean => Value::Boolean(col.as_boolean().value(r)),
+                    T::Int32 => Value::Int(col.as_primitive::<Int32Type>().value(r).into()),
+                    T::Int64 => Value::Int(col.as_primitive::<Int64Type>().value(r)),
+                    T::Float32 => Value::Float(col.as_primitive::<Float32Type>().value(r).into()),
+                    T::Float64 => Value::Float(col.as_primitive::<Float64Type>().value(r)),
+                    T::Decimal { .. } => {
+                        Value::Decimal(col.as_primitive::<Decimal128Type>().value(r))
+                    }
+                    T::Utf8 => Value::Utf8(col.as_string::<i32>().value(r).to_owned()),
+                    T::Date => Value::Date(col.as_primitive::<Date32Type>().value(r)),
+                    T::Timestamp | T::TimestampTz => {
+                        Value::Timestamp(col.as_primitive::<TimestampMicrosecondType>().value(r))
+                    }
+                    T::Time => Value::Time(col.as_primitive::<Time64MicrosecondType>().value(r)),
+                }
+            };
+            row.push(v);
+        }
+    }
+    rows
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use object_store::ObjectStore;
 use proptest::prelude::*;
+use retina_storage::batch_rows;
 use retina_storage::file::local_store;
-use retina_storage::value::batch_rows;
 use retina_storage::{
     ColumnDef, ColumnType, RewriteJob, RowOp, Shard, StorageConfig, StorageError, TableOp,
     TableSchema, Timestamp, Value, VisibilityImage,

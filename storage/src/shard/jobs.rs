@@ -1,0 +1,104 @@
+//! Background work on the write buffer: flushing immutable blocks to objects and combining a
+//! full virtual file's blocks into one regular file. The node runs each job on its I/O thread
+//! and reports back; [`Shard::flush_and_combine`] runs them inline.
+
+use object_store::ObjectStore;
+
+use super::{Retired, Shard};
+use crate::buffer::{BlockId, CombineJob, FlushJob};
+use crate::error::Result;
+use crate::file::{self, RowGroupInfo};
+use crate::index::FileId;
+use crate::op::TableId;
+
+impl Shard {
+    /// Every immutable block waiting to be flushed, marked as flushing.
+    pub fn take_flush_jobs(&mut self) -> Vec<(TableId, FlushJob)> {
+        let mut jobs = Vec::new();
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            jobs.extend(
+                table
+                    .buffer
+                    .take_flush_jobs()
+                    .into_iter()
+                    .map(|j| (t as TableId, j)),
+            );
+        }
+        jobs
+    }
+
+    pub fn flush_done(&mut self, table: TableId, block: BlockId) {
+        self.tables[table as usize].buffer.flush_done(block);
+    }
+
+    pub fn flush_failed(&mut self, table: TableId, block: BlockId) {
+        self.tables[table as usize].buffer.flush_failed(block);
+    }
+
+    /// Full virtual files whose blocks are all flushed, marked as combining.
+    pub fn take_combine_jobs(&mut self) -> Vec<(TableId, CombineJob)> {
+        let mut jobs = Vec::new();
+        for (t, table) in self.tables.iter_mut().enumerate() {
+            while let Some(job) = table.buffer.take_combine_job() {
+                jobs.push((t as TableId, job));
+            }
+        }
+        jobs
+    }
+
+    /// The combined file is durable: later snapshots read it instead of the blocks, which
+    /// retire until no query can read them.
+    pub fn combine_done(&mut self, table: TableId, job: CombineJob, groups: Vec<RowGroupInfo>) {
+        let applied = self.applied_through;
+        let t = &mut self.tables[table as usize];
+        let virtual_file = t.buffer.combine_done(job.file);
+        assert_eq!(
+            groups.iter().map(|g| g.rows).sum::<u64>(),
+            virtual_file.rows(),
+            "a combined file holds its virtual file's rows"
+        );
+        t.files
+            .get_mut(&job.file)
+            .expect("a combined file is tracked")
+            .regular = Some(groups);
+        t.retired.push(Retired {
+            replaced_at: applied,
+            after_checkpoint: self.last_checkpoint,
+            paths: job.blocks,
+            file: None,
+        });
+    }
+
+    pub fn combine_failed(&mut self, table: TableId, file: FileId) {
+        self.tables[table as usize].buffer.combine_failed(file);
+    }
+
+    /// Flushes every immutable block and combines every full virtual file, inline. The node
+    /// runs the same steps on its I/O thread; tests, tools and the demo use this.
+    pub async fn flush_and_combine(&mut self, store: &dyn ObjectStore) -> Result<()> {
+        // Every job taken is finished or handed back, even after a failure, so none is left
+        // marked as in flight; the first error is returned.
+        let mut first_error = None;
+        for (t, job) in self.take_flush_jobs() {
+            let schema = self.tables[t as usize].schema.clone();
+            match file::flush_block(store, &schema, &self.config, &job).await {
+                Ok(()) => self.flush_done(t, job.block),
+                Err(e) => {
+                    self.flush_failed(t, job.block);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for (t, job) in self.take_combine_jobs() {
+            let schema = self.tables[t as usize].schema.clone();
+            match file::combine_blocks(store, &schema, &self.config, &job).await {
+                Ok(combined) => self.combine_done(t, job, combined.groups),
+                Err(e) => {
+                    self.combine_failed(t, job.file);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
