@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
 use retina_protocol::{OpBatch, WireTableOp, WireTxn};
+use retina_storage::route::shard_of;
 use retina_storage::{RowOp, RowRef, TableId, TableOp, Timestamp, Value};
 use rkyv::util::AlignedVec;
 
@@ -17,7 +18,6 @@ use crate::coordinator::{CoordMsg, LOCAL, QueryId, SourceMark};
 use crate::debezium::DecimalHandling;
 use crate::error::NodeError;
 use crate::shard::ShardMsg;
-use crate::sink::route::shard_of;
 use crate::status::NodeStatus;
 
 /// A cheap handle to a running node: submit transactions, read tables, watch status.

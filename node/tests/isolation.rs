@@ -20,7 +20,7 @@ use retina_client as client;
 use retina_node::catalog::Catalog;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
-use retina_storage::value::batch_rows;
+use retina_storage::batch_rows;
 use retina_storage::{RowOp, TableOp, Value};
 
 const DDL: &str = "CREATE TABLE bank.accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL);

@@ -71,7 +71,7 @@ fn ids(node: &Node, ts: u64) -> Vec<i64> {
     let mut out: Vec<i64> = batches
         .iter()
         .flat_map(|b| {
-            retina_storage::value::batch_rows(
+            retina_storage::batch_rows(
                 b,
                 &[
                     retina_storage::ColumnType::Int64,

@@ -245,7 +245,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         let rows: Vec<Vec<Value>> = read
             .batches
             .iter()
-            .flat_map(|b| retina_storage::value::batch_rows(b, &types))
+            .flat_map(|b| retina_storage::batch_rows(b, &types))
             .collect();
         // A combined file's bitmaps straight from its owner shard.
         let files: Vec<u64> = std::fs::read_dir(lake.join("tables/public.t"))
@@ -401,7 +401,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
         let rows: Vec<Vec<Value>> = read
             .batches
             .iter()
-            .flat_map(|b| retina_storage::value::batch_rows(b, &types))
+            .flat_map(|b| retina_storage::batch_rows(b, &types))
             .collect();
         let bytes: usize = rows
             .iter()

@@ -11,8 +11,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::Encoding;
 use parquet::file::statistics::Statistics;
 use retina_bench::ch::{OrderLines, orderline_schema};
+use retina_storage::batch_rows;
 use retina_storage::file::local_store;
-use retina_storage::value::batch_rows;
 use retina_storage::{CREATE_TS_COLUMN, RowOp, Shard, StorageConfig, TableOp, Timestamp, Value};
 
 const ROWS_PER_TXN: usize = 13;

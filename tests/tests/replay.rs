@@ -19,7 +19,7 @@ use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SinkReport, SourceSpec, run_sink};
-use retina_storage::value::batch_rows;
+use retina_storage::batch_rows;
 use retina_storage::{ColumnType, Value};
 use retina_tests::cdc::{Change, Kind, Model, Row, Table, V, Writer};
 

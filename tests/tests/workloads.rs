@@ -15,7 +15,7 @@ use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
-use retina_storage::value::batch_rows;
+use retina_storage::batch_rows;
 use retina_storage::{ColumnType, RowOp, TableSchema, Value};
 
 /// Every table's rows after `txns`, keyed by primary key, as sorted printable rows.

@@ -14,9 +14,7 @@ use futures::future::Either;
 use retina_protocol::OpBatch;
 use retina_storage::buffer::CombineJob;
 use retina_storage::file::CombinedFile;
-use retina_storage::{
-    BlockId, FileId, RewriteJob, RowOp, Shard, StorageError, TableId, TableOpRef, Timestamp,
-};
+use retina_storage::{BlockId, FileId, RewriteJob, Shard, StorageError, TableId, Timestamp};
 
 use super::msg::{ShardMsg, Watermarks};
 use super::scan_service::{RunningQueries, serve_scan};
@@ -24,7 +22,6 @@ use super::vis_checkpoint::VisCheckpoints;
 use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
 use crate::io::IoRequest;
-use crate::sink::route::shard_of;
 use crate::status::NodeStatus;
 
 /// What a shard needs from the node that starts it (sent to its executor's thread).
@@ -54,9 +51,7 @@ pub struct ShardSetup {
 
 pub struct ShardActor {
     id: u16,
-    shards: u16,
     shard: Shard,
-    catalog: Arc<Catalog>,
     coord: flume::Sender<CoordMsg>,
     io: flume::Sender<IoRequest>,
     status: Arc<NodeStatus>,
@@ -71,8 +66,6 @@ pub struct ShardActor {
     /// Set once a transaction fails: the shard applies nothing after it, but still answers
     /// reads.
     stopped: bool,
-    /// Reused for key bytes.
-    scratch: Vec<u8>,
 }
 
 impl ShardActor {
@@ -114,11 +107,14 @@ impl ShardActor {
             })
             .detach();
         }
+        let mut shard = setup.shard;
+        // Routing is the sink's alone; a key that is not this shard's means a routing bug,
+        // and applying it would split the key across shards: storage refuses it where it
+        // encodes the key anyway.
+        shard.set_owner(setup.shards);
         let mut actor = ShardActor {
             id: setup.id,
-            shards: setup.shards,
-            shard: setup.shard,
-            catalog: setup.catalog,
+            shard,
             coord: setup.coord,
             io: setup.io,
             status: setup.status,
@@ -130,7 +126,6 @@ impl ShardActor {
             watermarks: setup.watermarks,
             queries,
             stopped: false,
-            scratch: Vec::new(),
         };
         let mut control_open = true;
         while let Some(msg) = next(&control, &data, &mut control_open).await {
@@ -212,34 +207,6 @@ impl ShardActor {
         let batch = OpBatch::access(bytes).map_err(|e| self.poisoned(e))?;
         for txn in batch.txns.iter() {
             let ts = Timestamp::new(txn.ts.to_native()).map_err(|e| self.poisoned(e))?;
-            // Routing is the sink's alone; a key that is not this shard's means a routing
-            // bug, and applying it would split the key across shards.
-            for op in txn.ops.iter() {
-                let Some(schema) = self.catalog.get(op.table()) else {
-                    return Err(Failure::Txn {
-                        ts,
-                        error: format!("unknown table id {}", op.table()),
-                    });
-                };
-                let rows: [Option<&retina_protocol::ops::ArchivedWireRow>; 2] = match op.op() {
-                    RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => [Some(r), None],
-                    RowOp::Update { before, after } => [Some(before), Some(after)],
-                    RowOp::Truncate => [None, None],
-                };
-                for r in rows.into_iter().flatten() {
-                    if schema.check_key(r).is_ok()
-                        && shard_of(schema, r, self.shards, &mut self.scratch) != self.id
-                    {
-                        return Err(Failure::Txn {
-                            ts,
-                            error: format!(
-                                "a key of table `{}` routed to the wrong shard",
-                                schema.name()
-                            ),
-                        });
-                    }
-                }
-            }
             match self.shard.apply(ts, &txn.ops[..]) {
                 Ok(stats) => {
                     self.status

@@ -8,10 +8,11 @@
 //! bounded inbox and joins it for its [`SinkReport`]. [`run_sink`] is the same run on the
 //! caller's thread.
 //!
+//! Which shard owns a row is `retina_storage::route`: `NodeHandle::submit` routes each group
+//! with it on the sink's thread, and each shard's storage refuses a key that is not its own.
+//!
 //! The parts, each depending only on those listed before it (and on `debezium` and the
 //! node's handle):
-//! - `route.rs`: which shard owns a row (`NodeHandle::submit` routes each group with it on
-//!   the sink's thread; each shard checks the keys it gets);
 //! - `source.rs`: [`SourceSpec`], opening the source at the checkpoint's offset, the source
 //!   state a checkpoint records, re-reading a span of the source;
 //! - `dead_letter.rs`: dead-letter records, and where those already written end;
@@ -25,7 +26,6 @@ mod dead_letter;
 mod handle;
 mod msg;
 mod options;
-pub mod route;
 mod source;
 
 pub use handle::{SinkHandle, run_sink, spawn, spawn_with};
