@@ -20,6 +20,8 @@ use crate::types::{BufferPart, QueryInfo, RowGroupBitmap, ScanPlan, TableInfo};
 
 /// The io_uring memory of the connection's executor: it does little I/O.
 const CLIENT_IO_MEMORY: usize = 256 << 10;
+/// Calls that may wait for the connection's thread; callers wait for room beyond that.
+const CALL_QUEUE: usize = 1024;
 /// How long a closing connection waits for calls still in flight (an `end` above all).
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -76,7 +78,7 @@ impl Drop for Inner {
 impl Connection {
     /// Connects to the coordinator at `addr`, presenting `token` (empty for none).
     pub fn connect(addr: SocketAddr, token: &str) -> Result<Connection, ClientError> {
-        let (calls, rx) = flume::unbounded();
+        let (calls, rx) = flume::bounded(CALL_QUEUE);
         let (ready_tx, ready_rx) = flume::bounded(1);
         let token = token.to_owned();
         let thread = LocalExecutorBuilder::new(Placement::Unbound)
@@ -123,7 +125,8 @@ impl Connection {
             .calls
             .as_ref()
             .expect("open until dropped")
-            .send(make(tx))
+            .send_async(make(tx))
+            .await
             .map_err(|_| ClientError::Closed)?;
         rx.recv_async().await.map_err(|_| ClientError::Closed)?
     }
@@ -139,11 +142,12 @@ impl Connection {
         self.call(|r| Call::End(query, r)).await
     }
 
-    /// Ends a query without waiting for the answer (for `Drop`).
+    /// Ends a query without waiting for the answer (for `Drop`). Never blocks: with the call
+    /// queue full, the query ends when its lease runs out instead.
     pub fn end_detached(&self, query: u64) {
         let (tx, _) = flume::bounded(1);
         if let Some(calls) = &self.inner.calls {
-            let _ = calls.send(Call::End(query, tx));
+            let _ = calls.try_send(Call::End(query, tx));
         }
     }
 
