@@ -268,6 +268,32 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     }
     let _ = writeln!(
         out,
+        "# HELP retina_queue_depth Messages waiting in each actor's queue.\n\
+         # TYPE retina_queue_depth gauge"
+    );
+    let queues = s.queues.get().map_or(&[][..], |q| &q[..]);
+    for q in queues {
+        let _ = writeln!(
+            out,
+            "retina_queue_depth{{queue=\"{}\"}} {}",
+            q.queue,
+            q.depth()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP retina_queue_capacity Messages each actor's queue holds before senders wait.\n\
+         # TYPE retina_queue_capacity gauge"
+    );
+    for q in queues {
+        let _ = writeln!(
+            out,
+            "retina_queue_capacity{{queue=\"{}\"}} {}",
+            q.queue, q.capacity
+        );
+    }
+    let _ = writeln!(
+        out,
         "# HELP retina_memory_bytes Memory by shard and structure.\n# TYPE retina_memory_bytes gauge"
     );
     for (i, m) in s.shard_memory.iter().enumerate() {
@@ -284,4 +310,35 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::QueueProbe;
+
+    #[test]
+    fn every_actor_queue_shows_its_depth_and_capacity() {
+        let status = NodeStatus::new(1);
+        let (tx, rx) = flume::bounded::<u8>(8);
+        for i in 0..3 {
+            tx.send(i).unwrap();
+        }
+        let _ = status
+            .queues
+            .set(vec![QueueProbe::of("shard-0-data".into(), &tx)]);
+        let text = render(&status, 0.0);
+        assert!(
+            text.contains("retina_queue_depth{queue=\"shard-0-data\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("retina_queue_capacity{queue=\"shard-0-data\"} 8"),
+            "{text}"
+        );
+        // The probe keeps no sender: the queue closes with its last one.
+        drop(tx);
+        assert!(rx.recv().is_ok() && rx.is_disconnected());
+        assert!(render(&status, 0.0).contains("retina_queue_depth{queue=\"shard-0-data\"} 0"));
+    }
 }

@@ -36,7 +36,7 @@ use crate::{datadir, recovery};
 pub use crate::datadir::absolute_dir;
 pub use crate::error::NodeError;
 pub use crate::handle::NodeHandle;
-pub use crate::status::{IoKind, NodeStatus, ShardMemory};
+pub use crate::status::{IoKind, NodeStatus, QueueProbe, ShardMemory};
 
 /// Messages that may wait for the coordinator.
 const COORD_QUEUE: usize = 1024;
@@ -230,6 +230,10 @@ impl Node {
             .map(|_| flume::bounded::<ShardMsg>(CONTROL_QUEUE))
             .unzip();
         let mut control_rxs = control_rxs.drain(..);
+        let mut control_probes = (control_txs.iter().enumerate())
+            .map(|(id, c)| QueueProbe::of(format!("shard-{id}-control"), c))
+            .collect::<Vec<_>>()
+            .into_iter();
 
         // Coordinator.
         {
@@ -275,6 +279,16 @@ impl Node {
             );
         }
         let coordinator = executors.pop();
+
+        let mut queues = vec![
+            QueueProbe::of("coordinator".into(), &coord_tx),
+            QueueProbe::of("io".into(), &io_tx),
+        ];
+        for (id, data) in shard_txs.iter().enumerate() {
+            queues.push(QueueProbe::of(format!("shard-{id}-data"), data));
+            queues.extend(control_probes.next());
+        }
+        let _ = status.queues.set(queues);
 
         // Shards.
         let watermarks = Watermarks::resumed(persisted.checkpoint.map_or(0, |c| c.id), resume_ts);

@@ -2,8 +2,8 @@
 //! reads, HWM for in-process waiters, and the first error that stopped replay. No actor reads
 //! it to decide anything: watermarks reach the shards by message.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use retina_storage::{Hwm, Timestamp};
 
@@ -91,6 +91,8 @@ pub struct NodeStatus {
     pub io_in_flight: [AtomicU64; IoKind::ALL.len()],
     /// Whether a checkpoint is on its way through the shards (begun, not yet recorded).
     pub checkpoint_in_progress: AtomicBool,
+    /// Every actor queue's depth, set once when the node starts.
+    pub queues: OnceLock<Vec<QueueProbe>>,
     /// Set with `error`, so that the sink's check after every group takes no lock.
     failed: AtomicBool,
     error: Mutex<Option<String>>,
@@ -128,5 +130,31 @@ impl NodeStatus {
     pub fn hwm(&self) -> Hwm {
         let ts = Timestamp::new(self.hwm.load(Ordering::Acquire)).expect("HWM is a timestamp");
         Hwm::after(ts.prev_or_genesis()).expect("HWM - 1 is a timestamp")
+    }
+}
+
+/// One actor's queue, as metrics see it: how many messages wait in it, and how many may.
+pub struct QueueProbe {
+    /// `coordinator`, `shard-<n>-data`, `shard-<n>-control` or `io`.
+    pub queue: String,
+    pub capacity: usize,
+    depth: Box<dyn Fn() -> usize + Send + Sync>,
+}
+
+impl QueueProbe {
+    /// A probe of the queue `tx` sends to. It holds no sender, so it never keeps the queue
+    /// open after its actor's senders are gone.
+    pub fn of<T: Send + 'static>(queue: String, tx: &flume::Sender<T>) -> Self {
+        let weak = tx.downgrade();
+        QueueProbe {
+            queue,
+            capacity: tx.capacity().unwrap_or(usize::MAX),
+            depth: Box::new(move || weak.upgrade().map_or(0, |tx| tx.len())),
+        }
+    }
+
+    /// Messages waiting now.
+    pub fn depth(&self) -> usize {
+        (self.depth)()
     }
 }
