@@ -355,11 +355,15 @@ fn a_query_ends_with_its_stream_and_lives_while_renewed() {
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
     let rt = runtime();
-    h.submit(&[vec![TableOp {
-        table: 0,
-        op: RowOp::Insert(row(1, 5)),
-    }]])
-    .unwrap();
+    let ts = h
+        .submit(&[vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(row(1, 5)),
+        }]])
+        .unwrap();
+    // The query below begins once the row is visible (submit returns when the shards have it,
+    // not when they applied it).
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     let wait_running = |n: u64| {
         let start = Instant::now();
         while h.status().running_queries.load(Ordering::Acquire) != n {
