@@ -13,9 +13,11 @@ use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
 use retina_bench::results::record;
 use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
-use retina_node::node::{Node, NodeOptions};
+use retina_node::node::Node;
 use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+
+use crate::measure::{local_node, median, now_us, percentile};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -312,7 +314,7 @@ fn replay(
         let mut from_json = Vec::new();
         let mut from_batches = Vec::new();
         let start_node = |data: &std::path::Path| {
-            bench_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
+            local_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
         };
         for run in 0..runs {
             // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
@@ -388,12 +390,6 @@ fn replay(
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     Ok(())
-}
-
-pub(crate) fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Freshness samples start this long after the driver does.
@@ -504,7 +500,7 @@ fn loaded_replay_node(
 ) -> anyhow::Result<(tempfile::TempDir, Node, Stream)> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
-    let node = bench_node(dir.path().join("data"), catalog, settings, true)?;
+    let node = local_node(dir.path().join("data"), catalog, settings, true)?;
     let h = node.handle().clone();
     // About 22 rows per NewOrder; enough for the run and a margin.
     let new_orders = (rate * seconds / 20 + 1000) as usize;
@@ -823,24 +819,6 @@ fn resources(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A node for a measurement over `data_dir`, serving queries on a free loopback port if
-/// `listen`.
-pub(crate) fn bench_node(
-    data_dir: std::path::PathBuf,
-    catalog: Arc<Catalog>,
-    settings: Settings,
-    listen: bool,
-) -> Result<Node, retina_node::node::NodeError> {
-    Node::start(NodeOptions {
-        data_dir,
-        catalog,
-        settings,
-        listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),
-        auth_token: None,
-        await_source: false,
-    })
-}
-
 fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
     use std::sync::atomic::Ordering;
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
@@ -852,7 +830,7 @@ fn recovery(rows: &[u64], shards: u16) -> anyhow::Result<()> {
         let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
         let data = dir.path().join("data");
         let start = || {
-            bench_node(
+            local_node(
                 data.clone(),
                 catalog.clone(),
                 Settings {
@@ -951,7 +929,7 @@ fn bitmaps(requests: usize, in_flight: usize) -> anyhow::Result<()> {
         flush_interval_ms: 5,
         ..Settings::default()
     };
-    let node = bench_node(dir.path().join("data"), catalog, settings, true)?;
+    let node = local_node(dir.path().join("data"), catalog, settings, true)?;
     let h = node.handle().clone();
     let rows: Vec<_> = (0..8192i64)
         .map(|i| TableOp {
@@ -1066,7 +1044,7 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
         .resolve("orderline")
         .context("the replay DDL has orderline")?;
     let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
-    let node = bench_node(
+    let node = local_node(
         dir.path().join("data"),
         catalog,
         Settings {
@@ -1162,16 +1140,4 @@ fn vfor(rows: usize, deleted_per_mille: u32, runs: usize, shards: u16) -> anyhow
     })?;
     node.shutdown();
     Ok(())
-}
-
-pub(crate) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// The `p`th percentile of `v` (sorting it); `None` when it is empty.
-pub(crate) fn percentile(v: &mut [f64], p: usize) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    v.get((v.len() * p / 100).min(v.len().saturating_sub(1)))
-        .copied()
 }

@@ -37,7 +37,7 @@ use retina_node::settings::Settings;
 #[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
 use retina_storage::{RowOp, Value};
 
-use crate::bench::{bench_node, median, now_us, percentile};
+use crate::measure::{local_node, median, now_us, percentile};
 
 #[derive(clap::Args)]
 pub struct PeersArgs {
@@ -254,7 +254,7 @@ impl Outcome {
 }
 
 pub fn run(args: PeersArgs) -> anyhow::Result<()> {
-    let scale = crate::demo::scale(&args.scale)?;
+    let scale = crate::ch::scale(&args.scale)?;
     let results = results_file(&args.scale);
     let systems = parse_systems(&args.systems, &args.delta_commit_ms)?;
     let rates = parse_rates(&args.rates)?;
@@ -357,7 +357,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
             // Queries on the final state of the last rate's run, the same for every system.
             if ri + 1 == rates.len() {
                 let mut ms = [0.0; 3];
-                for (m, (name, sql)) in ms.iter_mut().zip(crate::demo::QUERIES) {
+                for (m, (name, sql)) in ms.iter_mut().zip(crate::ch::QUERIES) {
                     let mut runs = Vec::with_capacity(args.query_runs);
                     for _ in 0..args.query_runs {
                         let t = Instant::now();
@@ -561,7 +561,7 @@ impl RetinaTarget {
         if let Some(shards) = shards {
             settings.shards = shards;
         }
-        let node = bench_node(dir.join("data"), catalog, settings, true)?;
+        let node = local_node(dir.join("data"), catalog, settings, true)?;
         Ok(RetinaTarget {
             data_dir: dir.join("data"),
             node: Some(node),
