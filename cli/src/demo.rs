@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use retina_bench::chgen::{ChGen, DDL, DebeziumWriter, FreshClock, InsertOp, schemas};
 use retina_node::catalog::Catalog;
-use retina_node::debezium::TxnMode;
-use retina_node::node::{Node, NodeOptions, NodeStatus};
+use retina_node::node::NodeStatus;
 use retina_node::settings::Settings;
-use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use retina_node::sink::{SinkOptions, run_sink};
 use retina_query::{Format, Retina, write_batches};
 
 use crate::ch::{QUERIES, scale};
-use crate::measure::{now_us, percentile, rss_mib};
+use crate::measure::{self, file_sink, local_node, now_us, percentile, rss_mib};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -51,8 +50,6 @@ pub struct DemoArgs {
 const LOAD_ROWS_PER_TXN: usize = 1000;
 /// How often the display refreshes.
 const DISPLAY_EVERY: Duration = Duration::from_millis(250);
-/// How often the freshness monitor queries.
-const MONITOR_EVERY: Duration = Duration::from_millis(100);
 
 /// What the stream writer and the monitor report to the display.
 #[derive(Default)]
@@ -115,36 +112,27 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Settings::default()
     };
     let shards = settings.shard_count();
-    let checkpoint_interval = Duration::from_millis(settings.checkpoint_interval_ms);
-    let (max_group_txns, group_commit_interval) = (
-        settings.max_group_txns,
-        Duration::from_millis(settings.group_commit_interval_ms),
-    );
-    let node = Node::start(NodeOptions {
-        data_dir: path.join("data"),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "ch.sql")?),
+    let options = SinkOptions {
+        follow: true,
+        checkpoint_interval: Some(Duration::from_millis(settings.checkpoint_interval_ms)),
+        ..file_sink(
+            &settings,
+            changes.clone(),
+            path.join("data/dead-letter.jsonl"),
+        )
+    };
+    let node = local_node(
+        path.join("data"),
+        Arc::new(Catalog::from_ddl(DDL, "ch.sql")?),
         settings,
-        listen: Some("127.0.0.1:0".parse()?),
-        auth_token: None,
-        await_source: false,
-    })?;
+        true,
+    )?;
     let addr = node.coordinator_addr().expect("the node listens");
     let handle = node.handle().clone();
     let status = handle.status().clone();
     let stop = Arc::new(AtomicBool::new(false));
     let sink = {
         let (handle, stop) = (handle.clone(), stop.clone());
-        let options = SinkOptions {
-            source: SourceSpec::File(changes.clone()),
-            follow: true,
-            mode: TxnMode::Metadata,
-            on_error: OnError::Stop,
-            dead_letter: path.join("data/dead-letter.jsonl"),
-            max_group_txns,
-            group_commit_interval,
-            checkpoint_interval: Some(checkpoint_interval),
-            max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
-        };
         std::thread::Builder::new()
             .name("retina-sink".into())
             .spawn(move || run_sink(&handle, &options, &stop))?
@@ -299,47 +287,27 @@ fn wait_applied(status: &NodeStatus, txns: u64, timeout: Duration) -> anyhow::Re
     Ok(())
 }
 
-/// Every 100 ms until `end`: `SELECT max(fresh_ts) FROM district` through the connector;
-/// freshness is the time the query's snapshot was fixed minus the newest `fresh_ts` it saw.
+/// The freshness monitor until `end`, on a runtime of its own; until a district row of the
+/// stream is visible, max(fresh_ts) is the load's.
 fn monitor_freshness(
     addr: std::net::SocketAddr,
     progress: &Progress,
     end: Instant,
 ) -> anyhow::Result<()> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::TimestampMicrosecondType;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let started = now_us();
     runtime.block_on(async {
         let retina = Retina::connect(addr, "")?;
-        while Instant::now() < end {
-            tokio::time::sleep(MONITOR_EVERY).await;
-            let session = retina.begin().await?;
-            let at = now_us();
-            let batches = session
-                .collect("SELECT max(fresh_ts) FROM district")
-                .await?;
-            let newest = batches
-                .iter()
-                .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
-                .map(|b| {
-                    b.column(0)
-                        .as_primitive::<TimestampMicrosecondType>()
-                        .value(0)
-                })
-                .max();
-            // Until a district row of the stream is visible, max(fresh_ts) is the load's.
-            if let Some(newest) = newest.filter(|&n| n >= started) {
-                progress
-                    .freshness_ms
-                    .lock()
-                    .expect("freshness lock")
-                    .push((at - newest) as f64 / 1000.0);
-            }
-        }
-        anyhow::Ok(())
+        measure::monitor_freshness(&retina, end, started, |ms| {
+            progress
+                .freshness_ms
+                .lock()
+                .expect("freshness lock")
+                .push(ms)
+        })
+        .await
     })
 }
 

@@ -2,7 +2,7 @@
 //! a driver thread emitting its NewOrders at a fixed rate.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use retina_bench::ch::{REPLAY_DDL, replay_workload};
@@ -15,23 +15,17 @@ use crate::measure::{local_node, now_us};
 /// Freshness samples start this long after the driver does.
 pub(super) const WARM_UP_US: i64 = 1_000_000;
 
-/// A node over a temporary directory with the replay workload's load applied, and a thread
+/// A node over a temporary directory with the replay workload's load applied, and a driver
 /// emitting its NewOrders at `rate` rows per second, each stamped with the time it is emitted
-/// in `fresh_ts`, until the flag is set (enough for `seconds` and a margin).
-#[allow(clippy::type_complexity)]
+/// in `fresh_ts`, until stopped (enough for `seconds` and a margin).
 pub(super) fn drive_replay_workload(
     settings: Settings,
     rate: u64,
     seconds: u64,
-) -> anyhow::Result<(
-    tempfile::TempDir,
-    Node,
-    Arc<AtomicBool>,
-    std::thread::JoinHandle<anyhow::Result<()>>,
-)> {
+) -> anyhow::Result<(tempfile::TempDir, Node, Driver)> {
     let (dir, node, txns) = loaded_replay_node(settings, rate, seconds, 0)?;
-    let (stop, driver) = spawn_driver(node.handle().clone(), txns, rate);
-    Ok((dir, node, stop, driver))
+    let driver = spawn_driver(node.handle().clone(), txns, rate);
+    Ok((dir, node, driver))
 }
 
 /// The replay workload's transactions after its load.
@@ -66,23 +60,35 @@ pub(super) fn loaded_replay_node(
     Ok((dir, node, txns))
 }
 
-/// A thread emitting `txns` at `rate` rows per second, each stamped with the time it is
-/// emitted in `fresh_ts`, until the flag is set.
-pub(super) fn spawn_driver(
-    h: retina_node::node::NodeHandle,
-    txns: Stream,
-    rate: u64,
-) -> (Arc<AtomicBool>, std::thread::JoinHandle<anyhow::Result<()>>) {
+/// A thread emitting transactions to a node at a fixed rate, until stopped.
+pub(super) struct Driver {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Driver {
+    /// Stops the thread and waits for it; what it failed with, if it did.
+    pub(super) fn stop(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the driver panicked"))?
+    }
+}
+
+/// A driver emitting `txns` at `rate` rows per second, each stamped with the time it is
+/// emitted in `fresh_ts`, until stopped.
+pub(super) fn spawn_driver(h: retina_node::node::NodeHandle, txns: Stream, rate: u64) -> Driver {
     use retina_bench::ch::REPLAY_FRESH_TS;
     use retina_bench::workload::stamp_fresh;
     let stop = Arc::new(AtomicBool::new(false));
-    let driver = {
+    let thread = {
         let stop = stop.clone();
         std::thread::spawn(move || -> anyhow::Result<()> {
             let start = Instant::now();
             let mut sent = 0u64;
             let mut pending = txns.into_iter();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 // Every transaction due by now, stamped with the time it is emitted.
                 let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
                 let mut group = Vec::new();
@@ -101,5 +107,5 @@ pub(super) fn spawn_driver(
             Ok(())
         })
     };
-    (stop, driver)
+    Driver { stop, thread }
 }

@@ -64,7 +64,7 @@ pub(super) fn run(preload: usize, rate: u64, runs: usize, shards: u16) -> anyhow
         base.push(time(Visibility::Check, sql)?);
         unchecked.push(time(Visibility::Ignore, sql)?);
     }
-    let (stop, driver) = spawn_driver(node.handle().clone(), txns, rate);
+    let driver = spawn_driver(node.handle().clone(), txns, rate);
     std::thread::sleep(Duration::from_secs(1));
     let changing_from = status
         .rows_applied
@@ -77,10 +77,7 @@ pub(super) fn run(preload: usize, rate: u64, runs: usize, shards: u16) -> anyhow
         .rows_applied
         .load(std::sync::atomic::Ordering::Relaxed)
         - changing_from;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    driver
-        .join()
-        .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+    driver.stop()?;
     println!(
         "{static_rows} rows loaded; {changed} rows ({:.1}%) changed while the queries ran at {rate} rows/s",
         changed as f64 * 100.0 / static_rows as f64

@@ -8,7 +8,7 @@ use retina_bench::results::record;
 use retina_node::settings::Settings;
 
 use super::common::{WARM_UP_US, drive_replay_workload};
-use crate::measure::{median, now_us, percentile};
+use crate::measure::{median, monitor_freshness, now_us, percentile};
 
 pub(super) fn run(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
     println!(
@@ -20,47 +20,24 @@ pub(super) fn run(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()
             shards,
             ..Settings::default()
         };
-        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
+        let (_dir, node, driver) = drive_replay_workload(settings, rate, seconds)?;
         let addr = node.coordinator_addr().expect("listening");
         let driver_start = now_us();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
         let mut samples = runtime.block_on(async {
-            use arrow::array::AsArray;
-            use arrow::datatypes::TimestampMicrosecondType;
-            use futures::TryStreamExt;
             let retina = retina_query::Retina::connect(addr, "")?;
             let mut samples = Vec::new();
             let end = Instant::now() + Duration::from_secs(seconds);
-            while Instant::now() < end {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                // Freshness is measured from the moment the query's snapshot is fixed.
-                let session = retina.begin().await?;
-                let start = now_us();
-                let stream = session.sql("SELECT max(fresh_ts) FROM district").await?;
-                let batches: Vec<_> = stream.try_collect().await?;
-                let newest = batches
-                    .iter()
-                    .filter(|b| b.num_rows() > 0)
-                    .map(|b| {
-                        b.column(0)
-                            .as_primitive::<TimestampMicrosecondType>()
-                            .value(0)
-                    })
-                    .max()
-                    .unwrap_or(0);
-                // The first second is warm-up (the driver catching up to its rate).
-                if newest >= driver_start + WARM_UP_US {
-                    samples.push((start - newest) as f64 / 1000.0);
-                }
-            }
+            // The first second is warm-up (the driver catching up to its rate).
+            monitor_freshness(&retina, end, driver_start + WARM_UP_US, |ms| {
+                samples.push(ms)
+            })
+            .await?;
             anyhow::Ok(samples)
         })?;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        driver
-            .join()
-            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        driver.stop()?;
         anyhow::ensure!(!samples.is_empty(), "no freshness sample");
         let p50 = median(&mut samples);
         let p99 = percentile(&mut samples, 99).expect("at least one sample");

@@ -31,7 +31,7 @@ pub(super) fn run(
             gc_interval_ms: interval,
             ..Settings::default()
         };
-        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
+        let (_dir, node, driver) = drive_replay_workload(settings, rate, seconds)?;
         let status = node.handle().status().clone();
         let addr = node.coordinator_addr().expect("listening");
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -56,10 +56,7 @@ pub(super) fn run(
             }
             anyhow::Ok(samples)
         })?;
-        stop.store(true, Ordering::Relaxed);
-        driver
-            .join()
-            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        driver.stop()?;
         anyhow::ensure!(!samples.is_empty(), "no latency sample");
         let runs = status.gc_runs.load(Ordering::Relaxed);
         let rewritten = status.files_rewritten.load(Ordering::Relaxed);

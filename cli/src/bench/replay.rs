@@ -11,11 +11,10 @@ use anyhow::Context;
 use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
 use retina_bench::results::record;
 use retina_node::catalog::Catalog;
-use retina_node::debezium::TxnMode;
 use retina_node::settings::Settings;
-use retina_node::sink::{OnError, SinkOptions, SourceSpec, run_sink};
+use retina_node::sink::run_sink;
 
-use crate::measure::{local_node, median};
+use crate::measure::{file_sink, local_node, median};
 
 pub(super) fn run(
     shard_counts: &[u16],
@@ -56,17 +55,7 @@ pub(super) fn run(
             // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
             let data = dir.path().join(format!("json-{shards}-{run}"));
             let node = start_node(&data)?;
-            let options = SinkOptions {
-                source: SourceSpec::File(json.clone()),
-                follow: false,
-                mode: TxnMode::Metadata,
-                on_error: OnError::Stop,
-                dead_letter: data.join("dead.jsonl"),
-                max_group_txns: settings.max_group_txns,
-                group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
-                checkpoint_interval: None,
-                max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
-            };
+            let options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
             let start = Instant::now();
             let report = run_sink(node.handle(), &options, &AtomicBool::new(false));
             anyhow::ensure!(

@@ -7,6 +7,7 @@ use retina_bench::results::record;
 use retina_node::settings::Settings;
 
 use super::common::drive_replay_workload;
+use crate::measure::rss_mib;
 
 /// CPU seconds this process has used (user + system), from /proc.
 fn cpu_seconds() -> f64 {
@@ -45,16 +46,13 @@ pub(super) fn run(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()
             shards,
             ..Settings::default()
         };
-        let (_dir, node, stop, driver) = drive_replay_workload(settings, rate, seconds)?;
+        let (_dir, node, driver) = drive_replay_workload(settings, rate, seconds)?;
         // The first seconds are the driver catching up; measure after them.
         std::thread::sleep(Duration::from_secs(2));
         let (cpu0, t0) = (cpu_seconds(), Instant::now());
         std::thread::sleep(Duration::from_secs(seconds.saturating_sub(2).max(1)));
         let cpu = (cpu_seconds() - cpu0) / t0.elapsed().as_secs_f64() * 100.0;
-        stop.store(true, Ordering::Relaxed);
-        driver
-            .join()
-            .map_err(|_| anyhow::anyhow!("the driver panicked"))??;
+        driver.stop()?;
         let status = node.handle().status();
         let sum = |f: fn(&retina_node::node::ShardMemory) -> &std::sync::atomic::AtomicU64| {
             status
@@ -69,12 +67,7 @@ pub(super) fn run(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()
             sum(|m| &m.write_buffer_bytes),
             sum(|m| &m.visibility_bytes),
         );
-        let rss = std::fs::read_to_string("/proc/self/statm")
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            * 4096.0
-            / (1 << 20) as f64;
+        let rss = rss_mib();
         let per_1k = cpu / (rate as f64 / 1000.0);
         println!(
             "{rate:>9} {cpu:>10.1} {per_1k:>16.2} {rss:>9.0} {index:>10.1} {buffers:>12.1} {visibility:>14.2}"
