@@ -15,15 +15,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use retina_bench::chgen::{ChGen, ChScale, DDL, DebeziumWriter, FreshClock, InsertOp, schemas};
+use retina_bench::chgen::{ChGen, DDL, DebeziumWriter, FreshClock, InsertOp, schemas};
 use retina_node::catalog::Catalog;
-use retina_node::debezium::TxnMode;
-use retina_node::node::{Node, NodeOptions, NodeStatus};
+use retina_node::node::NodeStatus;
 use retina_node::settings::Settings;
-use retina_node::sink::{OnError, SinkOptions, SourceSpec};
+use retina_node::sink::SinkOptions;
 use retina_query::{Format, Retina, write_batches};
 
-use crate::bench::{now_us, percentile};
+use crate::ch::{QUERIES, scale};
+use crate::measure::{self, file_sink, local_node, now_us, percentile, rss_mib};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -46,62 +46,10 @@ pub struct DemoArgs {
     keep: bool,
 }
 
-/// The CH queries the demo runs at the end, as CH-benCHmark writes them for this schema.
-pub(crate) const QUERIES: [(&str, &str); 3] = [
-    (
-        "CH Q1: delivered order lines by line number",
-        "SELECT ol_number, sum(ol_quantity) AS sum_qty, sum(ol_amount) AS sum_amount, \
-         avg(ol_quantity) AS avg_qty, avg(ol_amount) AS avg_amount, count(*) AS count_order \
-         FROM orderline WHERE ol_delivery_d > TIMESTAMP '2007-01-02 00:00:00' \
-         GROUP BY ol_number ORDER BY ol_number",
-    ),
-    (
-        "CH Q6: revenue of order lines of quantity 1 to 100000",
-        "SELECT sum(ol_amount) AS revenue FROM orderline \
-         WHERE ol_delivery_d >= TIMESTAMP '1999-01-01 00:00:00' \
-         AND ol_delivery_d < TIMESTAMP '2120-01-01 00:00:00' \
-         AND ol_quantity BETWEEN 1 AND 100000",
-    ),
-    (
-        "CH Q3: the ten undelivered orders of customers in states A* with the highest revenue",
-        "SELECT ol_o_id, ol_w_id, ol_d_id, sum(ol_amount) AS revenue, o_entry_d \
-         FROM customer, neworder, orders, orderline \
-         WHERE c_state LIKE 'A%' AND c_id = o_c_id AND c_w_id = o_w_id AND c_d_id = o_d_id \
-         AND no_w_id = o_w_id AND no_d_id = o_d_id AND no_o_id = o_id \
-         AND ol_w_id = o_w_id AND ol_d_id = o_d_id AND ol_o_id = o_id \
-         GROUP BY ol_o_id, ol_w_id, ol_d_id, o_entry_d \
-         ORDER BY revenue DESC, o_entry_d LIMIT 10",
-    ),
-];
-
 /// Rows per load transaction (a snapshot read is replayed in transactions of this size).
 const LOAD_ROWS_PER_TXN: usize = 1000;
 /// How often the display refreshes.
 const DISPLAY_EVERY: Duration = Duration::from_millis(250);
-/// How often the freshness monitor queries.
-const MONITOR_EVERY: Duration = Duration::from_millis(100);
-
-pub(crate) fn scale(name: &str) -> anyhow::Result<ChScale> {
-    Ok(match name {
-        "tiny" => ChScale::tiny(),
-        "small" => ChScale {
-            customers_per_district: 300,
-            orders_per_district: 300,
-            undelivered_per_district: 90,
-            items: 10_000,
-            suppliers: 1000,
-            ..ChScale::tpcc(1)
-        },
-        "tpcc" => ChScale::tpcc(1),
-        other => match other.strip_prefix("tpcc:").map(str::parse::<i64>) {
-            Some(Ok(w)) if (1..=1000).contains(&w) => ChScale::tpcc(w),
-            _ => anyhow::bail!(
-                "unknown scale `{other}`: small, tiny, tpcc (1 warehouse) or tpcc:N \
-                 (N warehouses, 1 to 1000)"
-            ),
-        },
-    })
-}
 
 /// What the stream writer and the monitor report to the display.
 #[derive(Default)]
@@ -164,36 +112,25 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..Settings::default()
     };
     let shards = settings.shard_count();
-    let checkpoint_interval = Duration::from_millis(settings.checkpoint_interval_ms);
-    let (max_group_txns, group_commit_interval) = (
-        settings.max_group_txns,
-        Duration::from_millis(settings.group_commit_interval_ms),
-    );
-    let node = Node::start(NodeOptions {
-        data_dir: path.join("data"),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "ch.sql")?),
+    let options = SinkOptions {
+        follow: true,
+        checkpoint_interval: Some(Duration::from_millis(settings.checkpoint_interval_ms)),
+        ..file_sink(
+            &settings,
+            changes.clone(),
+            path.join("data/dead-letter.jsonl"),
+        )
+    };
+    let node = local_node(
+        path.join("data"),
+        Arc::new(Catalog::from_ddl(DDL, "ch.sql")?),
         settings,
-        listen: Some("127.0.0.1:0".parse()?),
-        auth_token: None,
-        await_source: false,
-    })?;
+        true,
+    )?;
     let addr = node.coordinator_addr().expect("the node listens");
     let handle = node.handle().clone();
     let status = handle.status().clone();
-    let sink = {
-        let options = SinkOptions {
-            source: SourceSpec::File(changes.clone()),
-            follow: true,
-            mode: TxnMode::Metadata,
-            on_error: OnError::Stop,
-            dead_letter: path.join("data/dead-letter.jsonl"),
-            max_group_txns,
-            group_commit_interval,
-            checkpoint_interval: Some(checkpoint_interval),
-            max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
-        };
-        retina_node::sink::spawn(handle.clone(), options)?
-    };
+    let sink = retina_node::sink::spawn(handle.clone(), options)?;
     println!("  node: {shards} shards, queries on {addr} (Cap'n Proto)");
     let load_start = Instant::now();
     wait_applied(&status, load_txns, Duration::from_secs(300))?;
@@ -343,47 +280,27 @@ fn wait_applied(status: &NodeStatus, txns: u64, timeout: Duration) -> anyhow::Re
     Ok(())
 }
 
-/// Every 100 ms until `end`: `SELECT max(fresh_ts) FROM district` through the connector;
-/// freshness is the time the query's snapshot was fixed minus the newest `fresh_ts` it saw.
+/// The freshness monitor until `end`, on a runtime of its own; until a district row of the
+/// stream is visible, max(fresh_ts) is the load's.
 fn monitor_freshness(
     addr: std::net::SocketAddr,
     progress: &Progress,
     end: Instant,
 ) -> anyhow::Result<()> {
-    use arrow::array::AsArray;
-    use arrow::datatypes::TimestampMicrosecondType;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let started = now_us();
     runtime.block_on(async {
         let retina = Retina::connect(addr, "")?;
-        while Instant::now() < end {
-            tokio::time::sleep(MONITOR_EVERY).await;
-            let session = retina.begin().await?;
-            let at = now_us();
-            let batches = session
-                .collect("SELECT max(fresh_ts) FROM district")
-                .await?;
-            let newest = batches
-                .iter()
-                .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
-                .map(|b| {
-                    b.column(0)
-                        .as_primitive::<TimestampMicrosecondType>()
-                        .value(0)
-                })
-                .max();
-            // Until a district row of the stream is visible, max(fresh_ts) is the load's.
-            if let Some(newest) = newest.filter(|&n| n >= started) {
-                progress
-                    .freshness_ms
-                    .lock()
-                    .expect("freshness lock")
-                    .push((at - newest) as f64 / 1000.0);
-            }
-        }
-        anyhow::Ok(())
+        measure::monitor_freshness(&retina, end, started, |ms| {
+            progress
+                .freshness_ms
+                .lock()
+                .expect("freshness lock")
+                .push(ms)
+        })
+        .await
     })
 }
 
@@ -457,36 +374,4 @@ fn count_parquet(dir: &Path) -> usize {
                 .count()
         })
         .sum()
-}
-
-/// This process's resident memory.
-fn rss_mib() -> f64 {
-    let pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    pages as f64 * 4096.0 / (1 << 20) as f64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scales_by_name_and_by_warehouses() {
-        assert_eq!(scale("tpcc").unwrap().warehouses, 1);
-        let four = scale("tpcc:4").unwrap();
-        assert_eq!(four.warehouses, 4);
-        assert_eq!(
-            four.customers_per_district,
-            ChScale::tpcc(1).customers_per_district
-        );
-        for bad in ["tpcc:0", "tpcc:x", "tpcc:", "huge"] {
-            let err = scale(bad).unwrap_err().to_string();
-            assert!(
-                err.contains(&format!("`{bad}`")) && err.contains("tpcc:N"),
-                "{err}"
-            );
-        }
-    }
 }

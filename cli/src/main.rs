@@ -1,7 +1,9 @@
 //! The `retina` command.
 
 mod bench;
+mod ch;
 mod demo;
+mod measure;
 mod peers;
 mod serve;
 mod sql;

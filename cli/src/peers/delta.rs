@@ -20,7 +20,8 @@ use deltalake::datafusion::prelude::SessionContext;
 use retina_bench::workload::Txn;
 use retina_storage::{RowOp, TableSchema, Value, user_columns};
 
-use super::{Collapsed, KeyChanges, Reader, Target, dir_bytes, first_row_ints};
+use super::collapse::{Collapsed, KeyChanges};
+use super::target::{Reader, Target, dir_bytes, first_row_ints};
 
 /// The merge source's column that marks a deletion.
 const DELETED: &str = "_deleted";

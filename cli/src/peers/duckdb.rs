@@ -17,7 +17,8 @@ use duckdb::types::{TimeUnit, Value as Duck};
 use retina_bench::workload::Txn;
 use retina_storage::{ColumnType, RowOp, TableSchema, Value};
 
-use super::{Collapsed, Reader, Target, dir_bytes};
+use super::collapse::Collapsed;
+use super::target::{Reader, Target, dir_bytes};
 
 /// The statements that apply one table's staged changes.
 struct TableSql {

@@ -16,10 +16,14 @@
 //! (`peers` for both): their builds take long, and neither the default build nor CI pays for
 //! them.
 
+#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
+mod collapse;
 #[cfg(feature = "peer-delta")]
 mod delta;
 #[cfg(feature = "peer-duckdb")]
 mod duckdb;
+mod retina;
+mod target;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -27,17 +31,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use arrow::record_batch::RecordBatch;
 use retina_bench::chgen::{ChGen, FreshClock, schemas};
 use retina_bench::results::record;
 use retina_bench::workload::{Txn, stamp_fresh};
 use retina_node::catalog::Catalog;
-use retina_node::node::Node;
-use retina_node::settings::Settings;
-#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
-use retina_storage::{RowOp, Value};
 
-use crate::bench::{bench_node, median, now_us, percentile};
+use self::retina::RetinaTarget;
+use self::target::{Reader, Target};
+use crate::measure::{median, now_us, percentile};
 
 #[derive(clap::Args)]
 pub struct PeersArgs {
@@ -99,41 +100,6 @@ const FINGERPRINT: [&str; 8] = [
     "SELECT count(*), CAST(sum(s_quantity) AS BIGINT), CAST(sum(s_ytd) AS BIGINT), \
      CAST(sum(s_order_cnt) AS BIGINT), CAST(sum(s_remote_cnt) AS BIGINT) FROM stock",
 ];
-
-/// A system the stream is replayed into.
-trait Target {
-    /// Applies the initial load, whole, before the clock starts; returns once it is visible.
-    fn load(&mut self, txns: &[Txn]) -> anyhow::Result<()>;
-    /// Takes source transactions, whole and in order: returns once they are handed over
-    /// (Retina), committed (DuckDB) or buffered (Delta Lake).
-    fn apply(&mut self, txns: Vec<Txn>) -> anyhow::Result<()>;
-    /// Called between applies and when idle: time-driven work (Delta Lake's commits).
-    fn tick(&mut self) -> anyhow::Result<()> {
-        Ok(())
-    }
-    /// Makes every transaction taken so far visible to readers, and waits for that.
-    fn finish(&mut self) -> anyhow::Result<()>;
-    /// A reader with its own connection, for another thread.
-    fn reader(&self) -> anyhow::Result<Box<dyn Reader>>;
-    /// What the system holds on disk, in bytes.
-    fn disk_bytes(&self) -> u64;
-}
-
-/// Queries on one connection, each at the newest snapshot the system shows.
-trait Reader: Send {
-    /// One row of integers (NULL as `None`).
-    fn ints(&mut self, sql: &str) -> anyhow::Result<Vec<Option<i64>>>;
-    /// Runs a query to the end; returns its rows.
-    fn rows(&mut self, sql: &str) -> anyhow::Result<usize>;
-    /// `max(fresh_ts)` of district in microseconds since the epoch.
-    fn max_fresh_us(&mut self) -> anyhow::Result<Option<i64>> {
-        Ok(self
-            .ints("SELECT CAST(max(fresh_ts) AS BIGINT) FROM district")?
-            .first()
-            .copied()
-            .flatten())
-    }
-}
 
 /// A system and its settings, as measured.
 #[derive(Clone, Debug)]
@@ -254,7 +220,7 @@ impl Outcome {
 }
 
 pub fn run(args: PeersArgs) -> anyhow::Result<()> {
-    let scale = crate::demo::scale(&args.scale)?;
+    let scale = crate::ch::scale(&args.scale)?;
     let results = results_file(&args.scale);
     let systems = parse_systems(&args.systems, &args.delta_commit_ms)?;
     let rates = parse_rates(&args.rates)?;
@@ -357,7 +323,7 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
             // Queries on the final state of the last rate's run, the same for every system.
             if ri + 1 == rates.len() {
                 let mut ms = [0.0; 3];
-                for (m, (name, sql)) in ms.iter_mut().zip(crate::demo::QUERIES) {
+                for (m, (name, sql)) in ms.iter_mut().zip(crate::ch::QUERIES) {
                     let mut runs = Vec::with_capacity(args.query_runs);
                     for _ in 0..args.query_runs {
                         let t = Instant::now();
@@ -545,195 +511,4 @@ fn monitor(
         }
     }
     Ok(samples)
-}
-
-/// Retina: an embedded node; the queries go through the Cap'n Proto query path and the
-/// DataFusion connector, as `retina sql` does.
-struct RetinaTarget {
-    data_dir: std::path::PathBuf,
-    node: Option<Node>,
-    last: u64,
-}
-
-impl RetinaTarget {
-    fn start(dir: &Path, catalog: Arc<Catalog>, shards: Option<u16>) -> anyhow::Result<Self> {
-        let mut settings = Settings::default();
-        if let Some(shards) = shards {
-            settings.shards = shards;
-        }
-        let node = bench_node(dir.join("data"), catalog, settings, true)?;
-        Ok(RetinaTarget {
-            data_dir: dir.join("data"),
-            node: Some(node),
-            last: 0,
-        })
-    }
-
-    fn node(&self) -> &Node {
-        self.node.as_ref().expect("the node runs until dropped")
-    }
-
-    fn wait(&self) -> anyhow::Result<()> {
-        let h = self.node().handle();
-        anyhow::ensure!(
-            h.wait_visible(self.last, Duration::from_secs(600)),
-            "replay did not make transaction {} visible: {:?}",
-            self.last,
-            self.node().handle().status().error()
-        );
-        Ok(())
-    }
-}
-
-impl Target for RetinaTarget {
-    fn load(&mut self, txns: &[Txn]) -> anyhow::Result<()> {
-        for group in txns.chunks(1024) {
-            self.last = *self.node().handle().submit(group)?.end();
-        }
-        self.wait()
-    }
-
-    fn apply(&mut self, txns: Vec<Txn>) -> anyhow::Result<()> {
-        self.last = *self.node().handle().submit(&txns)?.end();
-        Ok(())
-    }
-
-    fn finish(&mut self) -> anyhow::Result<()> {
-        self.wait()
-    }
-
-    fn reader(&self) -> anyhow::Result<Box<dyn Reader>> {
-        let addr = self.node().coordinator_addr().expect("listening");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let retina = runtime.block_on(async { retina_query::Retina::connect(addr, "") })?;
-        Ok(Box::new(RetinaReader { runtime, retina }))
-    }
-
-    fn disk_bytes(&self) -> u64 {
-        dir_bytes(&self.data_dir)
-    }
-}
-
-impl Drop for RetinaTarget {
-    fn drop(&mut self) {
-        if let Some(node) = self.node.take() {
-            node.shutdown();
-        }
-    }
-}
-
-struct RetinaReader {
-    runtime: tokio::runtime::Runtime,
-    retina: retina_query::Retina,
-}
-
-impl RetinaReader {
-    fn collect(&mut self, sql: &str) -> anyhow::Result<Vec<RecordBatch>> {
-        Ok(self
-            .runtime
-            .block_on(async { self.retina.begin().await?.collect(sql).await })?)
-    }
-}
-
-impl Reader for RetinaReader {
-    fn ints(&mut self, sql: &str) -> anyhow::Result<Vec<Option<i64>>> {
-        first_row_ints(&self.collect(sql)?)
-    }
-
-    fn rows(&mut self, sql: &str) -> anyhow::Result<usize> {
-        Ok(self.collect(sql)?.iter().map(|b| b.num_rows()).sum())
-    }
-}
-
-/// The first row of a result, every column cast to a 64-bit integer.
-fn first_row_ints(batches: &[RecordBatch]) -> anyhow::Result<Vec<Option<i64>>> {
-    use arrow::array::{Array, AsArray};
-    use arrow::datatypes::{DataType, Int64Type};
-    let batch = batches
-        .iter()
-        .find(|b| b.num_rows() > 0)
-        .context("the query returned no row")?;
-    batch
-        .columns()
-        .iter()
-        .map(|c| {
-            let c = arrow::compute::cast(&c.slice(0, 1), &DataType::Int64)?;
-            let c = c.as_primitive::<Int64Type>();
-            Ok(c.is_valid(0).then(|| c.value(0)))
-        })
-        .collect()
-}
-
-/// Bytes of the files under `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            _ => e.metadata().map_or(0, |m| m.len()),
-        })
-        .sum()
-}
-
-/// One table's collapsed changes: encoded key to (deleted, newest row).
-#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
-pub(crate) type KeyChanges = std::collections::HashMap<Vec<u8>, (bool, Vec<Value>)>;
-
-/// Source transactions collapsed, per table, to each changed key's newest row or its deletion:
-/// what the batch-oriented peers apply as one set-based change.
-#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
-struct Collapsed {
-    schemas: Vec<Arc<retina_storage::TableSchema>>,
-    tables: Vec<KeyChanges>,
-}
-
-#[cfg(any(feature = "peer-duckdb", feature = "peer-delta"))]
-impl Collapsed {
-    fn new(schemas: &[Arc<retina_storage::TableSchema>]) -> Self {
-        Collapsed {
-            schemas: schemas.to_vec(),
-            tables: schemas.iter().map(|_| Default::default()).collect(),
-        }
-    }
-
-    fn key(&self, table: usize, row: &Vec<Value>) -> Vec<u8> {
-        let mut key = Vec::new();
-        retina_storage::key::encode_key(&self.schemas[table], row, &mut key);
-        key
-    }
-
-    /// Folds `txns` in, in order.
-    fn add(&mut self, txns: Vec<Txn>) {
-        for op in txns.into_iter().flatten() {
-            let t = op.table as usize;
-            let (deleted, row, moved_from) = match op.op {
-                RowOp::Insert(row) | RowOp::Upsert(row) => (false, row, None),
-                RowOp::Update { before, after } => (false, after, Some(before)),
-                RowOp::Delete(row) => (true, row, None),
-                // Changes collapse per key; a truncate has none.
-                RowOp::Truncate => {
-                    panic!("the peers replay CH-benCHmark changes, which never truncate a table")
-                }
-            };
-            // An update that changes the key deletes the old one.
-            if let Some(before) = moved_from {
-                let old = self.key(t, &before);
-                if old != self.key(t, &row) {
-                    self.tables[t].insert(old, (true, before));
-                }
-            }
-            let key = self.key(t, &row);
-            self.tables[t].insert(key, (deleted, row));
-        }
-    }
-
-    /// Table `table`'s changes, leaving none.
-    fn take(&mut self, table: usize) -> KeyChanges {
-        std::mem::take(&mut self.tables[table])
-    }
 }

@@ -1,0 +1,220 @@
+//! `retina bench`: measurements that need a running node (bench/README.md says what each
+//! measures and how), generated workloads and the report. One file per subcommand; `common`
+//! holds what several of them share, `crate::measure` what they share with `retina demo`, and
+//! `bench peers` lives in `crate::peers`.
+
+mod bitmaps;
+mod common;
+mod consistency;
+mod freshness;
+mod gc;
+mod generate;
+mod recovery;
+mod replay;
+mod report;
+mod resources;
+mod vfor;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchCommand {
+    /// Turns the newest results in bench/results/ into SVG charts (beside them) in the style of
+    /// the paper's figures and a BENCHMARKS.md with every number and the paper's beside them.
+    Report {
+        /// Where to write the Markdown report.
+        #[arg(long, default_value = "BENCHMARKS.md")]
+        out: std::path::PathBuf,
+    },
+    /// Writes a generated workload to a folder: its DDL (`schema.sql`) and its initial load and
+    /// change stream as Debezium JSON lines (`changes.json`, load first, ready for `retina serve
+    /// --schema DIR/schema.sql --source file:DIR/changes.json`), and prints the stream's
+    /// self-check (rows per transaction, c/u/d shares, per-table shares).
+    Generate {
+        /// `ch` (CH-benCHmark) or `hybench`.
+        workload: String,
+        /// `tiny`, or a scale: warehouses for `ch`, the scale factor for `hybench`.
+        #[arg(long, default_value = "tiny")]
+        scale: String,
+        /// Change-stream transactions after the load.
+        #[arg(long, default_value_t = 10_000)]
+        txns: usize,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// The folder to write to (created if missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Replay throughput with each shard count, from Debezium JSON and from pre-encoded batches.
+    Replay {
+        /// Shard counts to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2")]
+        shards: Vec<u16>,
+        /// Warehouses (100,000 stock rows each are loaded first).
+        #[arg(long, default_value_t = 1)]
+        warehouses: i64,
+        /// NewOrder transactions after the load.
+        #[arg(long, default_value_t = 100_000)]
+        new_orders: usize,
+        /// Runs of each measurement; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
+    /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
+    /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
+    Freshness {
+        /// Rows per second to emit, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000,80000")]
+        rates: Vec<u64>,
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// VFoR overhead: the same SQL queries over the same order lines through the DataFusion
+    /// connector, with the visibility check on and off, alternating, medians.
+    Vfor {
+        /// Order lines loaded (they end up in regular files of 65,536 rows).
+        #[arg(long, default_value_t = 2_097_152)]
+        rows: usize,
+        /// Per mille of the rows deleted after the load, scattered.
+        #[arg(long, default_value_t = 10)]
+        deleted_per_mille: u32,
+        /// Runs of each query in each mode.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Query latency while memory GC and storage GC run at different intervals (the paper's
+    /// Figure 14): the workload at a fixed rate, a scan query through the DataFusion connector
+    /// every 100 ms, P50/P99 per GC interval.
+    Gc {
+        /// GC intervals to measure, in milliseconds, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "10000,30000,60000,240000"
+        )]
+        intervals_ms: Vec<u64>,
+        /// Seconds per interval.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Rows per second the workload is emitted at.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Query consistency (bench/README.md): CH-style queries on the static loaded data (with and
+    /// without the visibility check), then while the workload changes it at a fixed rate;
+    /// latency under change normalized to the static run with the check (medians).
+    Consistency {
+        /// NewOrders loaded before the queries (about 11 order lines each).
+        #[arg(long, default_value_t = 20_000)]
+        preload: usize,
+        /// Rows per second of the change stream during the second run.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Runs of each query in each phase.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Resources at a fixed rate (bench/README.md): the process's CPU (percent of one core, and per
+    /// 1K rows/s), resident memory, and memory by structure.
+    Resources {
+        /// Rows per second, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        rates: Vec<u64>,
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Recovery time against the rows applied since the last checkpoint: a node loads the
+    /// stock table, checkpoints, applies that many more rows and stops without a checkpoint;
+    /// a restart loads the checkpoint and the same rows are redone.
+    Recovery {
+        /// Rows applied after the checkpoint, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,100000,400000,1600000")]
+        rows: Vec<u64>,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// The same CH-benCHmark load and stream replayed into Retina, DuckDB and Delta Lake (at
+    /// several commit intervals) side by side: rows/s, freshness P50/P99 with the same
+    /// `max(fresh_ts)` monitor, and CH Q1/Q6/Q3 latency; the final states must agree. DuckDB and
+    /// Delta Lake need the binary built with `--features peers`.
+    Peers(crate::peers::PeersArgs),
+    /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
+    /// throughput with many in flight.
+    Bitmaps {
+        /// Requests per measurement.
+        #[arg(long, default_value_t = 5000)]
+        requests: usize,
+        /// Requests in flight for the throughput measurement.
+        #[arg(long, default_value_t = 64)]
+        in_flight: usize,
+    },
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        BenchCommand::Report { out } => report::run(&out),
+        BenchCommand::Generate {
+            workload,
+            scale,
+            txns,
+            seed,
+            out,
+        } => generate::run(&workload, &scale, txns, seed, &out),
+        BenchCommand::Replay {
+            shards,
+            warehouses,
+            new_orders,
+            runs,
+        } => replay::run(&shards, warehouses, new_orders, runs),
+        BenchCommand::Peers(args) => crate::peers::run(args),
+        BenchCommand::Bitmaps {
+            requests,
+            in_flight,
+        } => bitmaps::run(requests, in_flight),
+        BenchCommand::Vfor {
+            rows,
+            deleted_per_mille,
+            runs,
+            shards,
+        } => vfor::run(rows, deleted_per_mille, runs, shards),
+        BenchCommand::Freshness {
+            rates,
+            seconds,
+            shards,
+        } => freshness::run(&rates, seconds, shards),
+        BenchCommand::Gc {
+            intervals_ms,
+            seconds,
+            rate,
+            shards,
+        } => gc::run(&intervals_ms, seconds, rate, shards),
+        BenchCommand::Recovery { rows, shards } => recovery::run(&rows, shards),
+        BenchCommand::Consistency {
+            preload,
+            rate,
+            runs,
+            shards,
+        } => consistency::run(preload, rate, runs, shards),
+        BenchCommand::Resources {
+            rates,
+            seconds,
+            shards,
+        } => resources::run(&rates, seconds, shards),
+    }
+}

@@ -1,0 +1,117 @@
+//! `retina bench replay`: replay throughput on the CH-benCHmark-shaped replay workload with each
+//! shard count, end to end from Debezium JSON (file source, parsing included), and from op
+//! batches encoded before the clock starts (the shards alone).
+
+use std::io::BufWriter;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
+use retina_bench::results::record;
+use retina_node::catalog::Catalog;
+use retina_node::settings::Settings;
+use retina_node::sink::run_sink;
+
+use crate::measure::{file_sink, local_node, median};
+
+pub(super) fn run(
+    shard_counts: &[u16],
+    warehouses: i64,
+    new_orders: usize,
+    runs: usize,
+) -> anyhow::Result<()> {
+    let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
+    let txns = replay_workload(1, warehouses, new_orders);
+    let rows: usize = txns.iter().map(|t| t.len()).sum();
+    let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+    let json = dir.path().join("replay.json");
+    {
+        let mut out = BufWriter::new(std::fs::File::create(&json)?);
+        write_debezium(&mut out, catalog.tables(), &txns)?;
+    }
+    let json_mib = std::fs::metadata(&json)?.len() as f64 / (1 << 20) as f64;
+    println!(
+        "replay workload: {} transactions, {rows} rows ({} stock loaded, {new_orders} NewOrders), {json_mib:.0} MiB of Debezium JSON",
+        txns.len(),
+        warehouses * retina_bench::ch::ITEMS
+    );
+    println!(
+        "{:>7} {:>22} {:>22}",
+        "shards", "JSON rows/s (median)", "batches rows/s (median)"
+    );
+    for &shards in shard_counts {
+        let settings = Settings {
+            shards,
+            ..Settings::default()
+        };
+        let mut from_json = Vec::new();
+        let mut from_batches = Vec::new();
+        let start_node = |data: &std::path::Path| {
+            local_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
+        };
+        for run in 0..runs {
+            // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
+            let data = dir.path().join(format!("json-{shards}-{run}"));
+            let node = start_node(&data)?;
+            let options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
+            let start = Instant::now();
+            let report = run_sink(node.handle(), &options);
+            anyhow::ensure!(
+                report.stopped_by.is_none(),
+                "replay stopped: {:?}",
+                report.stopped_by
+            );
+            let last = report.last_ts.context("nothing replayed")?;
+            anyhow::ensure!(
+                node.handle().wait_visible(last, Duration::from_secs(600)),
+                "HWM did not reach {last}"
+            );
+            from_json.push(rows as f64 / start.elapsed().as_secs_f64());
+            node.shutdown();
+            std::fs::remove_dir_all(&data)?;
+
+            // From pre-encoded op batches: timestamps, routing and encoding before the clock.
+            let data = dir.path().join(format!("batches-{shards}-{run}"));
+            let node = start_node(&data)?;
+            let h = node.handle();
+            let mut groups = Vec::new();
+            let mut last = 0;
+            for group in txns.chunks(settings.max_group_txns) {
+                let range = h.allocate(group.len() as u64)?;
+                last = *range.end();
+                groups.push(h.encode_group(group, range)?);
+            }
+            let start = Instant::now();
+            for g in groups {
+                h.send_encoded(g)?;
+            }
+            anyhow::ensure!(
+                h.wait_visible(last, Duration::from_secs(600)),
+                "HWM did not reach {last}"
+            );
+            from_batches.push(rows as f64 / start.elapsed().as_secs_f64());
+            node.shutdown();
+            std::fs::remove_dir_all(&data)?;
+        }
+        let (j, b) = (median(&mut from_json), median(&mut from_batches));
+        println!("{shards:>7} {j:>22.0} {b:>22.0}");
+        let _ = record(
+            "replay",
+            &format!("json_rows_per_s_{shards}_shards"),
+            j,
+            "rows/s",
+        );
+        let _ = record(
+            "replay",
+            &format!("batches_rows_per_s_{shards}_shards"),
+            b,
+            "rows/s",
+        );
+    }
+    println!(
+        "(this machine: {} cores; results appended to bench/results/replay.jsonl)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! What the commands that run a node to watch it share (`retina bench`, its peers comparison,
+//! `retina demo`): a node in this process and a sink feeding it from a file, the clock, the
+//! freshness monitor, medians and percentiles, and this process's memory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use retina_node::catalog::Catalog;
+use retina_node::debezium::TxnMode;
+use retina_node::node::{Node, NodeOptions};
+use retina_node::settings::Settings;
+use retina_node::sink::{OnError, SinkOptions, SourceSpec};
+use retina_query::Retina;
+
+/// A node for a measurement over `data_dir`, serving queries on a free loopback port if
+/// `listen`.
+pub(crate) fn local_node(
+    data_dir: std::path::PathBuf,
+    catalog: Arc<Catalog>,
+    settings: Settings,
+    listen: bool,
+) -> Result<Node, retina_node::node::NodeError> {
+    Node::start(NodeOptions {
+        data_dir,
+        catalog,
+        settings,
+        listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),
+        auth_token: None,
+        await_source: false,
+    })
+}
+
+/// A sink reading the Debezium JSON file `file` (with transaction metadata) to its end, stopping
+/// at the first bad input, grouping and committing as `settings` say, without checkpoints.
+pub(crate) fn file_sink(settings: &Settings, file: PathBuf, dead_letter: PathBuf) -> SinkOptions {
+    SinkOptions {
+        source: SourceSpec::File(file),
+        follow: false,
+        mode: TxnMode::Metadata,
+        on_error: OnError::Stop,
+        dead_letter,
+        max_group_txns: settings.max_group_txns,
+        group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
+        checkpoint_interval: None,
+        max_txn_bytes: settings.max_txn_bytes,
+    }
+}
+
+/// Every 100 ms until `end`: `SELECT max(fresh_ts) FROM district` through the connector, and
+/// freshness in milliseconds, the time the query's snapshot was fixed minus the newest
+/// `fresh_ts` it saw, handed to `sample` once that `fresh_ts` is at least `from_us` (what came
+/// before is the load, or warm-up).
+pub(crate) async fn monitor_freshness(
+    retina: &Retina,
+    end: Instant,
+    from_us: i64,
+    mut sample: impl FnMut(f64),
+) -> anyhow::Result<()> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::TimestampMicrosecondType;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let session = retina.begin().await?;
+        let at = now_us();
+        let batches = session
+            .collect("SELECT max(fresh_ts) FROM district")
+            .await?;
+        let newest = batches
+            .iter()
+            .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))
+            .map(|b| {
+                b.column(0)
+                    .as_primitive::<TimestampMicrosecondType>()
+                    .value(0)
+            })
+            .max();
+        if let Some(newest) = newest.filter(|&n| n >= from_us) {
+            sample((at - newest) as f64 / 1000.0);
+        }
+    }
+    Ok(())
+}
+
+/// Microseconds since the Unix epoch (the unit of `fresh_ts`).
+pub(crate) fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// The median of `v` (sorting it); `v` must not be empty.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The `p`th percentile of `v` (sorting it); `None` when it is empty.
+pub(crate) fn percentile(v: &mut [f64], p: usize) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get((v.len() * p / 100).min(v.len().saturating_sub(1)))
+        .copied()
+}
+
+/// This process's resident memory.
+pub(crate) fn rss_mib() -> f64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages as f64 * 4096.0 / (1 << 20) as f64
+}
