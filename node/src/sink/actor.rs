@@ -227,8 +227,8 @@ struct Sink<'a> {
     group: Vec<Ops>,
     /// When the first transaction of the group arrived.
     group_opened: Instant,
-    /// Where each transaction of the group came from, for errors.
-    sources: Vec<String>,
+    /// Where each transaction of the group began in the source (described only on error).
+    sources: Vec<SourcePosition>,
     /// The raw lines of the open transaction, for the dead-letter file, and their bytes.
     raw: Vec<String>,
     raw_bytes: u64,
@@ -267,7 +267,15 @@ struct InFlight {
     end: u64,
     /// The source transaction's id.
     id: String,
-    source: String,
+    /// Where it began in the source.
+    source: SourcePosition,
+}
+
+impl InFlight {
+    /// Where it came from, for errors: `file:line (transaction id)`.
+    fn describe(&self) -> String {
+        format!("{} (transaction {})", self.source, self.id)
+    }
 }
 
 impl Sink<'_> {
@@ -400,8 +408,7 @@ impl Sink<'_> {
                 self.spans
                     .push((self.txn_begin, self.read.offset, txn.id.clone()));
                 self.group_end = self.read;
-                self.sources
-                    .push(format!("{} (transaction {})", txn.begin, txn.id));
+                self.sources.push(txn.begin.clone());
                 true
             }
             Ok(None) => {
@@ -545,7 +552,7 @@ impl Sink<'_> {
             return false;
         };
         let reason = self.node.status().error().unwrap_or_default();
-        let described = format!("{}: {reason}", txn.source);
+        let described = format!("{}: {reason}", txn.describe());
         let (lines, truncated) = match &self.options.source {
             SourceSpec::File(p) => match read_span(p, txn.begin, txn.end) {
                 Ok(lines) => (lines, false),
@@ -564,14 +571,14 @@ impl Sink<'_> {
             }
         };
         let record = DeadLetter {
-            position: txn.source.clone(),
+            position: txn.describe(),
             transaction: Some(txn.id.clone()),
             reason: reason.clone(),
             bytes: txn.end - txn.begin,
             truncated,
             lines,
         };
-        let (end, source) = (txn.end, txn.source.clone());
+        let (end, source) = (txn.end, txn.describe());
         if self.dead_letter_at(record, end) {
             self.report.restart = Some(format!(
                 "{source} was refused ({reason}); it is in the dead-letter file"
@@ -697,7 +704,7 @@ impl Sink<'_> {
                 .iter()
                 .find(|t| failed != 0 && t.ts == failed)
             {
-                Some(t) => format!("{}: {e}", t.source),
+                Some(t) => format!("{}: {e}", t.describe()),
                 None => e,
             },
         )
