@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
@@ -160,15 +160,27 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
     let (txns, states) = transfers(11, 900);
 
     let done = Arc::new(AtomicBool::new(false));
+    // Reads finished so far: the writer paces itself on them, so that queries run all through
+    // replay however slowly a loaded machine runs them.
+    let reads = Arc::new(AtomicU64::new(0));
     let writer = {
         let h = h.clone();
-        let done = done.clone();
+        let (done, reads) = (done.clone(), reads.clone());
         std::thread::spawn(move || {
             let mut first = None;
-            for chunk in txns.chunks(3) {
+            for (i, chunk) in txns.chunks(3).enumerate() {
                 let range = h.submit(chunk).unwrap();
                 first.get_or_insert(*range.start());
                 std::thread::sleep(Duration::from_micros(300));
+                if i % 20 == 19 {
+                    // At least one more read before the next 20 groups (or 10 s).
+                    let (seen, start) = (reads.load(Ordering::Acquire), Instant::now());
+                    while reads.load(Ordering::Acquire) == seen
+                        && start.elapsed() < Duration::from_secs(10)
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
             }
             done.store(true, Ordering::Release);
             first.unwrap()
@@ -177,7 +189,7 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
     let rt = runtime();
     let readers: Vec<_> = (0..3)
         .map(|_| {
-            let done = done.clone();
+            let (done, reads) = (done.clone(), reads.clone());
             rt.spawn(async move {
                 let retina = Retina::connect(addr, "").unwrap();
                 let mut seen = Vec::new();
@@ -185,6 +197,7 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
                     let finished = done.load(Ordering::Acquire);
                     let session = retina.begin().await.unwrap();
                     seen.push((session.snapshot().get(), read_state(&session).await));
+                    reads.fetch_add(1, Ordering::Release);
                     if finished {
                         break;
                     }
