@@ -131,6 +131,7 @@ impl CoordinatorActor {
         match msg {
             CoordMsg::Allocate { n, reply } => drop(reply.send(self.state.allocate(n))),
             CoordMsg::Applied { shard, ts } => self.on_applied(shard, ts),
+            CoordMsg::Failed { error } => self.status.fail(error),
             CoordMsg::ShardFailed { shard, ts, error } => self.on_shard_failed(shard, ts, error),
             CoordMsg::CaughtUp { ts } => self.state.caught_up(ts),
             CoordMsg::ReplayStopped => self.state.replay_stopped(),

@@ -19,6 +19,9 @@ pub enum CoordMsg {
     },
     /// From a shard: it applied every transaction through `ts` (group commit).
     Applied { shard: u16, ts: Timestamp },
+    /// From a shard: it cannot go on (an unreadable batch, a checkpoint it could not write, a
+    /// rewritten file it could not switch to); the node fails with `error`.
+    Failed { error: String },
     /// From a shard: the transaction at `ts` could not be applied; the shard stops there.
     ShardFailed {
         shard: u16,

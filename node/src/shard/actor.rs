@@ -228,15 +228,20 @@ impl ShardActor {
 
     /// A batch this shard cannot read at all: the node fails.
     fn poisoned(&self, e: impl std::fmt::Display) -> Failure {
-        self.status.fail(format!("shard {}: {e}", self.id));
-        Failure::Poisoned
+        Failure::Poisoned(format!("shard {}: {e}", self.id))
+    }
+
+    /// Something this shard cannot go on from: the coordinator fails the node with `error`.
+    async fn fail_node(&self, error: String) {
+        let _ = self.coord.send_async(CoordMsg::Failed { error }).await;
     }
 
     /// The transaction at `ts` failed: everything before it was applied, so report that (HWM
     /// may reach `ts`, never pass it), then the failure.
     async fn report_failure(&mut self, failed: Failure) {
-        let Failure::Txn { ts, error } = failed else {
-            return;
+        let (ts, error) = match failed {
+            Failure::Txn { ts, error } => (ts, error),
+            Failure::Poisoned(error) => return self.fail_node(error).await,
         };
         let before = ts.prev_or_genesis();
         if self
@@ -484,20 +489,21 @@ impl ShardActor {
         let bytes = match self.shard.checkpoint(id).and_then(|image| image.encode()) {
             Ok(b) => b,
             Err(e) => {
-                self.status
-                    .fail(format!("shard {}: checkpoint {id}: {e}", self.id));
+                let error = format!("shard {}: checkpoint {id}: {e}", self.id);
+                self.fail_node(error).await;
                 return false;
             }
         };
         match crate::durable::write_file(&path, &bytes).await {
             Ok(()) => true,
             Err(e) => {
-                self.status.fail(format!(
+                let error = format!(
                     "shard {}: writing {}: {e}; the node stops rather than trust a partial \
                      checkpoint",
                     self.id,
                     path.display()
-                ));
+                );
+                self.fail_node(error).await;
                 false
             }
         }
@@ -577,11 +583,11 @@ impl ShardActor {
         let replaced = match self.shard.rewrite_done(table, &job, written.groups.clone()) {
             Ok(r) => r,
             Err(e) => {
-                self.status.fail(format!(
+                let error = format!(
                     "shard {}: switching to rewritten file {}: {e}",
                     self.id, job.target_file
-                ));
-                return;
+                );
+                return self.fail_node(error).await;
             }
         };
         self.status.files_rewritten.fetch_add(1, Ordering::Relaxed);
@@ -618,8 +624,8 @@ impl ShardActor {
 enum Failure {
     /// The transaction at `ts` could not be applied; everything before it was.
     Txn { ts: Timestamp, error: String },
-    /// The batch itself is unreadable (already reported to the node).
-    Poisoned,
+    /// The batch itself is unreadable: the node fails with this error.
+    Poisoned(String),
 }
 
 /// The next message: the coordinator's control queue first, then whichever queue has one.
