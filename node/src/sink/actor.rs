@@ -17,8 +17,10 @@ use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
 use super::source::{self, SourceSpec, SourceState, read_span};
 use crate::coordinator::SourceMark;
+use crate::catalog::Catalog;
 use crate::debezium::{
-    DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler, parse_line_with,
+    ChangeEvent, DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler,
+    parse_line_with,
 };
 use crate::node::NodeHandle;
 
@@ -38,7 +40,21 @@ const MAX_GROUP_SOURCE_BYTES: u64 = 64 << 20;
 /// starts again at most this many transactions back.
 const CHECKPOINT_IDS: usize = 8192;
 
-type Ops = Vec<TableOp<Vec<Value>>>;
+/// A transaction's operations, as the node takes them.
+pub(super) type Ops = Vec<TableOp<Vec<Value>>>;
+
+/// `events` as operations on the catalog's tables.
+pub(super) fn txn_ops(catalog: &Catalog, events: Vec<ChangeEvent>) -> Ops {
+    events
+        .into_iter()
+        .map(|ev| TableOp {
+            table: catalog
+                .resolve(ev.table.name())
+                .expect("events name catalog tables"),
+            op: RowOp::from(ev.op),
+        })
+        .collect()
+}
 
 /// Runs the sink on this thread until the source ends (or, following, until a
 /// [`SinkMsg::Stop`] arrives in `inbox`) or an error stops it. `inbox` is read before each
@@ -53,6 +69,9 @@ pub(super) fn run(
     options: &SinkOptions,
     inbox: &Receiver<SinkMsg>,
 ) -> SinkReport {
+    if let SourceSpec::Kafka(spec) = &options.source {
+        return super::kafka::run(node, options, spec, inbox);
+    }
     let resume = node.resume().unwrap_or_default();
     let opened = source::open(&options.source, resume.offset);
     let (name, input, size_at_start) = match opened {
@@ -388,16 +407,7 @@ impl Sink<'_> {
                     );
                     return true;
                 }
-                let mut ops = Vec::with_capacity(txn.events.len());
-                for ev in txn.events {
-                    let table = catalog
-                        .resolve(ev.table.name())
-                        .expect("events name catalog tables");
-                    ops.push(TableOp {
-                        table,
-                        op: RowOp::from(ev.op),
-                    });
-                }
+                let ops = txn_ops(&catalog, txn.events);
                 // Marked now, not when the group is sent: a repeat of a transaction still in the
                 // group is a duplicate too.
                 self.assembler.mark_applied(&txn.id, &txn.end);
@@ -561,8 +571,9 @@ impl Sink<'_> {
                     (Vec::new(), true)
                 }
             },
-            // Skipping means replaying from the checkpoint, and stdin cannot be read again.
-            SourceSpec::Stdin => {
+            // Skipping means replaying from the checkpoint, and stdin cannot be read again (a
+            // Kafka source refuses skip at its start).
+            SourceSpec::Stdin | SourceSpec::Kafka(_) => {
                 self.report.stopped_by = Some(format!(
                     "{described}. With --on-error skip a transaction a shard refused is skipped by \
                      replaying from the checkpoint, which stdin cannot do: replay from a file"
@@ -650,6 +661,7 @@ impl Sink<'_> {
         }
         let state = SourceState {
             applied: self.assembler.recent_applied(CHECKPOINT_IDS),
+            kafka: None,
         };
         match self.node.checkpoint(self.submitted, state.encode()) {
             Ok(Some(_)) => {

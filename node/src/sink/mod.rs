@@ -19,11 +19,14 @@
 //! - `options.rs`: [`SinkOptions`] and [`OnError`];
 //! - `msg.rs`: [`SinkMsg`] (the inbox) and [`SinkReport`] (how a run ended);
 //! - `actor.rs`: the run itself (read, assemble, submit, checkpoint, bad transactions);
+//! - `kafka/`: the run on a Kafka source (Debezium's topic layout, transactions rebuilt across
+//!   partitions, resume offsets per partition), and writing a file's events into that layout;
 //! - `handle.rs`: [`spawn`], [`SinkHandle`] and [`run_sink`].
 
 mod actor;
 mod dead_letter;
 mod handle;
+pub mod kafka;
 mod msg;
 mod options;
 mod source;

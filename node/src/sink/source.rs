@@ -8,22 +8,32 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::kafka::KafkaSpec;
+
 /// Where change events come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceSpec {
     File(PathBuf),
     Stdin,
+    /// Debezium's topics on Kafka (`kafka://HOST:PORT,...?topic_prefix=PREFIX`).
+    Kafka(KafkaSpec),
 }
 
 impl FromStr for SourceSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(rest) = s.strip_prefix("kafka://") {
+            return KafkaSpec::parse(rest).map(SourceSpec::Kafka);
+        }
         match s {
             "stdin" | "-" => Ok(SourceSpec::Stdin),
             _ => match s.strip_prefix("file:") {
                 Some(p) if !p.is_empty() => Ok(SourceSpec::File(p.into())),
-                _ => Err(format!("source `{s}`: expected `file:PATH` or `stdin`")),
+                _ => Err(format!(
+                    "source `{s}`: expected `file:PATH`, `stdin` or \
+                     `kafka://HOST:PORT[,...]?topic_prefix=PREFIX`"
+                )),
             },
         }
     }
@@ -35,6 +45,7 @@ impl fmt::Display for SourceSpec {
         match self {
             SourceSpec::File(p) => write!(f, "{}", p.display()),
             SourceSpec::Stdin => f.write_str("stdin"),
+            SourceSpec::Kafka(k) => k.fmt(f),
         }
     }
 }
@@ -43,9 +54,11 @@ impl fmt::Display for SourceSpec {
 pub(super) type OpenedSource = (Arc<str>, Box<dyn Read + Send>, Option<u64>);
 
 /// Opens `source` at byte `offset`: a file is read from that byte; stdin is read from its start
-/// and that many bytes are skipped (it must be the same stream).
+/// and that many bytes are skipped (it must be the same stream). Not for Kafka, which the
+/// sink reads by partition.
 pub(super) fn open(source: &SourceSpec, offset: u64) -> std::io::Result<OpenedSource> {
     match source {
+        SourceSpec::Kafka(k) => Err(std::io::Error::other(format!("{k} is not a byte stream"))),
         SourceSpec::Stdin => {
             let mut input = std::io::stdin();
             std::io::copy(&mut (&mut input).take(offset), &mut std::io::sink()).map(|skipped| {
@@ -91,6 +104,18 @@ pub(super) fn read_span(path: &Path, begin: u64, end: u64) -> std::io::Result<Ve
 pub(super) struct SourceState {
     /// Oldest first.
     pub(super) applied: Vec<String>,
+    /// A Kafka source's partitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) kafka: Option<KafkaState>,
+}
+
+/// Where a Kafka source resumes: each partition's (`topic/partition`) oldest offset still
+/// needed, and the transactions handed over that have events at or after those offsets, with
+/// where (a restart drops them).
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct KafkaState {
+    pub(super) offsets: std::collections::BTreeMap<String, i64>,
+    pub(super) handed: Vec<(String, Vec<(String, i64)>)>,
 }
 
 impl SourceState {
@@ -132,6 +157,7 @@ mod tests {
         assert_eq!(SourceState::decode(b""), Ok(SourceState::default()));
         let state = SourceState {
             applied: vec!["571".into(), "t2".into()],
+            kafka: None,
         };
         assert_eq!(SourceState::decode(&state.encode()), Ok(state));
         assert!(SourceState::decode(b"{").is_err());
