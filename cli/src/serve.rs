@@ -33,7 +33,12 @@ pub struct ServeArgs {
     /// plain DATETIME is DATETIME(0): declare it so.
     #[arg(long)]
     schema: PathBuf,
-    /// The change stream: `file:PATH` or `stdin` (Debezium JSON, one message per line).
+    /// The change stream: `file:PATH` or `stdin` (Debezium JSON, one message per line), or
+    /// Debezium's topics on Kafka: `kafka://HOST:PORT[,HOST:PORT...]?topic_prefix=PREFIX`
+    /// (the connector's `topic.prefix`; optional `topics=A,B` or `topics_regex=RE` instead of
+    /// every `PREFIX.*` topic, `transaction_topic=T` (default `PREFIX.transaction`), and
+    /// `max_buffered=N`, the events of later transactions held while one waits for a slower
+    /// partition, default 1000000).
     #[arg(long)]
     source: SourceSpec,
     /// Replayer shards (default: the config file's, else one per core).
@@ -45,7 +50,7 @@ pub struct ServeArgs {
     /// Overrides one setting of the file (repeatable): `--set zstd_level=0`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
-    /// Keep reading at the end of the source file, like `tail -f`.
+    /// Keep reading at the end of the source file, like `tail -f` (a Kafka source always is).
     #[arg(long)]
     follow: bool,
     /// The stream has no BEGIN/END transaction metadata: replay each event as a transaction.
@@ -129,7 +134,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 
     let options = SinkOptions {
         source: args.source.clone(),
-        follow: args.follow,
+        // A Kafka topic has no end: the node reads on as it grows.
+        follow: args.follow || matches!(args.source, SourceSpec::Kafka(_)),
         mode: if args.no_txn_metadata {
             TxnMode::NoMetadata
         } else {

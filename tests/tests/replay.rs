@@ -3,6 +3,7 @@
 //! order) and the rows visible at the final snapshot equal a naive model's. Then every kind of
 //! bad input: replay stops before the bad transaction with an error naming its position, and
 //! everything before it stays visible; with `--on-error skip` it goes to the dead-letter file.
+//! The same stream from a real Kafka broker on loopback, in Debezium's topic layout.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -14,10 +15,12 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use retina_bench::kafka::Broker;
 use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
+use retina_node::sink::kafka::{KafkaSpec, produce_lines};
 use retina_node::sink::{OnError, SinkOptions, SinkReport, SourceSpec, run_sink};
 use retina_storage::batch_rows;
 use retina_storage::{ColumnType, Value};
@@ -965,4 +968,139 @@ fn a_transaction_over_max_txn_bytes_is_refused_with_its_position() {
         }
         node.shutdown();
     }
+}
+
+/// `lines` written into `broker` in Debezium's Kafka layout under `prefix` (three partitions
+/// per table topic), as a source with the URL's extra `params`.
+fn kafka_source(broker: &Broker, prefix: &str, params: &str, lines: &[String]) -> SourceSpec {
+    let spec = KafkaSpec::parse(&format!("{}?topic_prefix={prefix}{params}", broker.addr)).unwrap();
+    let catalog = Catalog::from_ddl(DDL, "bank.sql").unwrap();
+    produce_lines(&spec, &catalog, 3, lines.iter().map(String::as_str)).unwrap();
+    SourceSpec::Kafka(spec)
+}
+
+/// Replays `source` until it has read what its topics held.
+fn sink_from(node: &Node, source: SourceSpec, mode: TxnMode) -> SinkReport {
+    let options = SinkOptions {
+        source,
+        follow: false,
+        mode,
+        on_error: OnError::Stop,
+        dead_letter: "/nonexistent/dead.json".into(),
+        max_group_txns: 16,
+        group_commit_interval: Duration::from_millis(2),
+        checkpoint_interval: None,
+        max_txn_bytes: Settings::default().max_txn_bytes,
+    };
+    run_sink(node.handle(), &options)
+}
+
+/// The generated stream (both message forms, events out of order within transactions,
+/// transactions delivered twice) through a real broker: each transaction rebuilt from the
+/// transaction topic and three partitions per table, read at their own speeds.
+#[test]
+fn the_stream_through_kafka_equals_the_model() {
+    let Some(broker) = Broker::for_test() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("bank.json");
+    let model = generate(7, 1500, &stream);
+    let lines: Vec<String> = std::fs::read_to_string(&stream)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let source = kafka_source(&broker, "bankdb", "", &lines);
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink_from(&node, source, TxnMode::Metadata);
+    assert_eq!(report.stopped_by, None);
+    assert!(report.duplicates_skipped > 0, "the stream repeats some");
+    let last = report.last_ts.unwrap();
+    assert!(node.handle().wait_visible(last, Duration::from_secs(30)));
+    assert_eq!(visible(&node), model.tables);
+    node.shutdown();
+}
+
+#[test]
+fn kafka_errors_name_topic_partition_and_offset_and_waiting_is_bounded() {
+    let Some(broker) = Broker::for_test() else {
+        return;
+    };
+    let t1 = txn_lines("t1", &[Change::Insert(0, account(1, 100))]);
+    // A transaction whose event never arrives, while later ones keep arriving.
+    let mut lines = t1.clone();
+    let mut lost = txn_lines("t2", &[Change::Insert(0, account(2, 200))]);
+    lost.remove(1);
+    lines.extend(lost);
+    for k in 0..20 {
+        lines.extend(txn_lines(
+            &format!("t{}", k + 3),
+            &[Change::Insert(0, account(10 + k, 5))],
+        ));
+    }
+    let source = kafka_source(&broker, "lagging", "&max_buffered=5", &lines);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink_from(&node, source, TxnMode::Metadata);
+    let error = report.stopped_by.unwrap();
+    assert!(
+        error.contains("transaction t2 still lacks events of bank.accounts")
+            && error.contains("more than max_buffered=5"),
+        "{error}"
+    );
+    assert_eq!(
+        visible(&node)[0].keys().collect::<Vec<_>>(),
+        [&vec![V::I(1)]]
+    );
+    node.shutdown();
+
+    // A bad value: the error names its topic, partition and offset.
+    let mut lines = t1;
+    let bad = txn_lines("t2", &[Change::Insert(0, account(3, 300))]);
+    lines.extend([
+        bad[0].clone(),
+        bad[1].replace("\"3.00\"", "\"99999999999.00\""),
+        bad[2].clone(),
+    ]);
+    let source = kafka_source(&broker, "bad", "", &lines);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink_from(&node, source, TxnMode::Metadata);
+    let error = report.stopped_by.unwrap();
+    assert!(
+        error.contains("kafka:bad.bank.accounts/") && error.contains("balance"),
+        "{error}"
+    );
+    assert_eq!(
+        visible(&node)[0].keys().collect::<Vec<_>>(),
+        [&vec![V::I(1)]]
+    );
+    node.shutdown();
+}
+
+/// A connector without transaction metadata: each event is its own transaction.
+#[test]
+fn kafka_without_transaction_metadata_applies_each_event() {
+    let Some(broker) = Broker::for_test() else {
+        return;
+    };
+    let mut lines = Vec::new();
+    for id in 0..30 {
+        let txn = txn_lines("x", &[Change::Insert(0, account(id, id * 10))]);
+        let mut event: serde_json::Value = serde_json::from_str(&txn[1]).unwrap();
+        // Bare events (no envelope), as txn_lines writes them.
+        event.as_object_mut().unwrap().remove("transaction");
+        lines.push(event.to_string());
+    }
+    let source = kafka_source(&broker, "plain", "", &lines);
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 2);
+    let report = sink_from(&node, source, TxnMode::NoMetadata);
+    assert_eq!(report.stopped_by, None);
+    assert_eq!(report.transactions, 30);
+    node.handle()
+        .wait_visible(report.last_ts.unwrap(), Duration::from_secs(10));
+    assert_eq!(visible(&node)[0].len(), 30);
+    node.shutdown();
 }

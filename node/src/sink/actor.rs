@@ -16,8 +16,8 @@ use super::dead_letter::{DeadLetter, dead_letter_offsets, marker};
 use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
 use super::source::{self, SourceSpec, SourceState, read_span};
-use crate::coordinator::SourceMark;
 use crate::catalog::Catalog;
+use crate::coordinator::SourceMark;
 use crate::debezium::{
     ChangeEvent, DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler,
     parse_line_with,
@@ -38,7 +38,7 @@ const MAX_GROUP_SOURCE_BYTES: u64 = 64 << 20;
 /// Ids of the most recently applied transactions recorded with each checkpoint: a source
 /// that redelivers (Kafka after a consumer restart, Debezium after a connector restart)
 /// starts again at most this many transactions back.
-const CHECKPOINT_IDS: usize = 8192;
+pub(super) const CHECKPOINT_IDS: usize = 8192;
 
 /// A transaction's operations, as the node takes them.
 pub(super) type Ops = Vec<TableOp<Vec<Value>>>;

@@ -121,6 +121,35 @@ impl KafkaAssembler {
         }
     }
 
+    /// Remembers `ids` (oldest first, as [`KafkaAssembler::recent`] gave them) as handed over
+    /// before a restart: a redelivery of one of them is dropped.
+    pub fn remember(&mut self, ids: &[String]) {
+        for id in ids {
+            self.note_recent(txn_key(id).into());
+        }
+    }
+
+    /// The keys of the `n` transactions handed over last, oldest first.
+    pub fn recent(&self, n: usize) -> Vec<String> {
+        let skip = self.recent_order.len().saturating_sub(n);
+        self.recent_order
+            .iter()
+            .skip(skip)
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    fn note_recent(&mut self, key: Arc<str>) {
+        if self.recent.insert(key.clone()) {
+            if self.recent_order.len() == RECENT_IDS
+                && let Some(old) = self.recent_order.pop_front()
+            {
+                self.recent.remove(&old);
+            }
+            self.recent_order.push_back(key);
+        }
+    }
+
     /// A partition discovered after the start, read from `offset`; its index is the next one.
     pub fn add_partition(&mut self, offset: i64) -> u32 {
         self.next.push(offset);
@@ -171,8 +200,12 @@ impl KafkaAssembler {
             },
             (TxnMode::Metadata, Message::Begin { id, pos }) => {
                 let key: Arc<str> = txn_key(&id).into();
-                if self.pending.contains_key(&key) {
-                    // The connector delivered its BEGIN again: the events already held stay.
+                if let Some(p) = self.pending.get(&key) {
+                    // The connector delivered it again: the events already held stay, and a
+                    // repeat of one is dropped. After its END, that is a whole redelivery.
+                    if p.end.is_some() {
+                        self.duplicates_skipped += 1;
+                    }
                     return Ok(());
                 }
                 let duplicate = self.handed_over(&key);
@@ -247,9 +280,7 @@ impl KafkaAssembler {
             None => self.early.entry(key.into()).or_default(),
         };
         // Kafka delivers at least once: a repeat of an event held already is dropped.
-        if events
-            .iter()
-            .any(|e| e.part == part && e.offset == offset)
+        if events.iter().any(|e| e.part == part && e.offset == offset)
             || (order > 0 && events.iter().any(|e| e.total_order == order))
         {
             return;
@@ -320,14 +351,7 @@ impl KafkaAssembler {
 
     fn hand_over(&mut self, txn: &KafkaTxn) {
         let key: Arc<str> = txn_key(&txn.id).into();
-        if self.recent.insert(key.clone()) {
-            if self.recent_order.len() == RECENT_IDS
-                && let Some(old) = self.recent_order.pop_front()
-            {
-                self.recent.remove(&old);
-            }
-            self.recent_order.push_back(key.clone());
-        }
+        self.note_recent(key.clone());
         self.handed.push_back((key, txn.offsets.clone()));
     }
 
@@ -417,15 +441,14 @@ impl KafkaAssembler {
 /// Whether `p`'s events meet every count its END announced (false: some are still to come);
 /// an error when one is exceeded.
 fn check_counts(p: &Pending, end: &End) -> Result<bool, DebeziumError> {
-    let mismatch = |collection: Option<String>, expected: u64, got: u64| {
-        DebeziumError::CountMismatch {
+    let mismatch =
+        |collection: Option<String>, expected: u64, got: u64| DebeziumError::CountMismatch {
             pos: end.pos.clone(),
             id: p.id.clone(),
             collection,
             expected,
             got,
-        }
-    };
+        };
     let total = p.events.len() as u64;
     if total > end.event_count {
         return Err(mismatch(None, end.event_count, total));

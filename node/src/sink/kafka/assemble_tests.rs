@@ -93,7 +93,11 @@ fn random_txns(rng: &mut SmallRng, n: usize) -> Vec<Txn> {
             id: format!("{}:{}", 1000 + i, rng.random_range(1..1_000_000)),
             events: (0..rng.random_range(1..6))
                 .map(|_| {
-                    let c = if rng.random_bool(0.5) { "public.a" } else { "public.b" };
+                    let c = if rng.random_bool(0.5) {
+                        "public.a"
+                    } else {
+                        "public.b"
+                    };
                     (c, rng.random_range(0..50))
                 })
                 .collect(),
@@ -279,7 +283,10 @@ fn counts_and_the_buffer_are_reported() {
     a.push(0, 0, clone_message(&parts[0][0])).unwrap();
     assert_eq!(a.head_needs(), Some(("1", None)));
     a.push(0, 1, clone_message(&parts[0][1])).unwrap();
-    assert_eq!(a.head_needs(), Some(("1", Some(vec!["public.a", "public.b"]))));
+    assert_eq!(
+        a.head_needs(),
+        Some(("1", Some(vec!["public.a", "public.b"])))
+    );
     a.push(0, 2, clone_message(&parts[0][2])).unwrap();
     a.push(2, 0, clone_message(&parts[2][0])).unwrap();
     assert_eq!(a.head_needs(), Some(("1", Some(vec!["public.b"]))));

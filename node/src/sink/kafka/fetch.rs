@@ -59,7 +59,9 @@ impl Kafka {
         let (stop, stopped) = flume::bounded::<()>(1);
         std::thread::Builder::new()
             .name("retina-kafka".into())
-            .spawn(move || runtime.block_on(async move { while stopped.recv_async().await.is_ok() {} }))
+            .spawn(move || {
+                runtime.block_on(async move { while stopped.recv_async().await.is_ok() {} })
+            })
             .map_err(|e| format!("the Kafka thread: {e}"))?;
         let brokers = spec.brokers.clone();
         let client = handle
@@ -109,7 +111,11 @@ impl Kafka {
             .collect())
     }
 
-    async fn partition_client(&self, topic: &str, partition: i32) -> Result<PartitionClient, String> {
+    async fn partition_client(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<PartitionClient, String> {
         self.client
             .partition_client(topic, partition, UnknownTopicHandling::Retry)
             .await
@@ -117,7 +123,12 @@ impl Kafka {
     }
 
     /// Opens `topic/partition` at `offset` (`None`: its earliest) and starts its fetch task.
-    pub fn open(&self, topic: &str, partition: i32, offset: Option<i64>) -> Result<(Partition, i64), String> {
+    pub fn open(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: Option<i64>,
+    ) -> Result<(Partition, i64), String> {
         let name: Arc<str> = format!("{topic}/{partition}").into();
         let client = self.block_on(&name, self.partition_client(topic, partition))?;
         let earliest = self.block_on(&name, client.get_offset(OffsetAt::Earliest))?;

@@ -25,6 +25,6 @@ mod run;
 mod spec;
 
 pub use assemble::{KafkaAssembler, KafkaTxn, txn_key};
-pub use produce::{ProduceReport, produce_lines};
+pub use produce::{ProduceReport, Producer, produce_lines};
 pub(super) use run::run;
 pub use spec::{DEFAULT_MAX_BUFFERED, KafkaSpec, TopicFilter};

@@ -37,91 +37,177 @@ pub fn produce_lines<'a>(
     partitions: i32,
     lines: impl IntoIterator<Item = &'a str>,
 ) -> Result<ProduceReport, String> {
-    let kafka = Kafka::connect(spec)?;
-    let mut existing: BTreeMap<String, i32> = kafka
-        .topics()?
-        .into_iter()
-        .map(|(t, p)| (t, p.len() as i32))
-        .collect();
-    let mut report = ProduceReport::default();
-    let mut pending: BTreeMap<(String, i32), Vec<Record>> = BTreeMap::new();
-    let mut clients = BTreeMap::new();
-    for (n, line) in lines.into_iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let at = || format!("line {}", n + 1);
-        let json: Json =
-            serde_json::from_str(line).map_err(|e| format!("{}: not JSON: {e}", at()))?;
-        let payload = json.get("payload").unwrap_or(&json);
-        let (topic, key) = if payload.get("status").and_then(Json::as_str).is_some() {
-            (spec.transaction_topic.clone(), payload.get("id").map(Json::to_string))
-        } else if let Some(source) = payload.get("source").filter(|_| payload.get("op").is_some()) {
-            let table = source.get("table").and_then(Json::as_str);
-            let ns = source
-                .get("schema")
-                .and_then(Json::as_str)
-                .or_else(|| source.get("db").and_then(Json::as_str));
-            let (Some(ns), Some(table)) = (ns, table) else {
-                return Err(format!("{}: its source names no table", at()));
-            };
-            let collection = format!("{ns}.{table}");
-            let key = catalog
-                .resolve(&collection)
-                .or_else(|| catalog.resolve(table))
-                .and_then(|id| catalog.get(id))
-                .and_then(|schema| {
-                    let row = payload
-                        .get("after")
-                        .filter(|r| !r.is_null())
-                        .or_else(|| payload.get("before"))?;
-                    let key: serde_json::Map<String, Json> = schema
-                        .primary_key()
-                        .iter()
-                        .map(|&c| {
-                            let name = schema.columns()[c].name.clone();
-                            let v = row.get(&name).cloned().unwrap_or(Json::Null);
-                            (name, v)
-                        })
-                        .collect();
-                    Some(Json::Object(key).to_string())
-                });
-            (format!("{}.{collection}", spec.topic_prefix), key)
-        } else {
-            report.skipped += 1;
-            continue;
-        };
-        let count = if topic == spec.transaction_topic { 1 } else { partitions };
-        if !existing.contains_key(&topic) {
-            create_topic(&kafka, &topic, count)?;
-            existing.insert(topic.clone(), count);
-        }
-        let partition = match &key {
-            Some(k) if existing[&topic] > 1 => {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                k.hash(&mut h);
-                (h.finish() % existing[&topic] as u64) as i32
+    let mut producer = Producer::connect(spec, catalog, partitions)?;
+    producer.send(lines)?;
+    Ok(producer.report)
+}
+
+/// A connection writing Debezium JSON lines into Kafka in Debezium's layout; see
+/// [`produce_lines`].
+pub struct Producer<'a> {
+    kafka: Kafka,
+    spec: KafkaSpec,
+    catalog: &'a Catalog,
+    partitions: i32,
+    /// Topics and their partition counts.
+    existing: BTreeMap<String, i32>,
+    clients: BTreeMap<(String, i32), PartitionClient>,
+    /// What was written so far.
+    pub report: ProduceReport,
+}
+
+impl<'a> Producer<'a> {
+    pub fn connect(
+        spec: &KafkaSpec,
+        catalog: &'a Catalog,
+        partitions: i32,
+    ) -> Result<Self, String> {
+        let kafka = Kafka::connect(spec)?;
+        let existing = kafka
+            .topics()?
+            .into_iter()
+            .map(|(t, p)| (t, p.len() as i32))
+            .collect();
+        Ok(Producer {
+            kafka,
+            spec: spec.clone(),
+            catalog,
+            partitions,
+            existing,
+            clients: BTreeMap::new(),
+            report: ProduceReport::default(),
+        })
+    }
+
+    /// Writes `lines`, in order within each partition, and waits until the brokers have them.
+    pub fn send<'l>(&mut self, lines: impl IntoIterator<Item = &'l str>) -> Result<(), String> {
+        let mut pending: BTreeMap<(String, i32), Vec<Record>> = BTreeMap::new();
+        for (n, line) in lines.into_iter().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
             }
-            _ => 0,
-        };
-        *report.topics.entry(topic.clone()).or_default() += 1;
-        let batch = pending.entry((topic.clone(), partition)).or_default();
-        batch.push(Record {
-            key: key.map(String::into_bytes),
-            value: Some(line.as_bytes().to_vec()),
-            headers: BTreeMap::new(),
-            timestamp: now(),
-        });
-        if batch.len() >= BATCH_RECORDS {
-            let batch = std::mem::take(batch);
-            send(&kafka, &mut clients, &topic, partition, batch)?;
+            let Some((topic, key)) = self
+                .place(line)
+                .map_err(|e| format!("line {}: {e}", n + 1))?
+            else {
+                self.report.skipped += 1;
+                continue;
+            };
+            let count = if topic == self.spec.transaction_topic {
+                1
+            } else {
+                self.partitions
+            };
+            if !self.existing.contains_key(&topic) {
+                let controller = self.kafka.controller()?;
+                self.kafka.block_on(
+                    &format!("creating topic {topic}"),
+                    controller.create_topic(&topic, count, 1, 30_000),
+                )?;
+                self.existing.insert(topic.clone(), count);
+            }
+            let partition = match &key {
+                Some(k) if self.existing[&topic] > 1 => {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    k.hash(&mut h);
+                    (h.finish() % self.existing[&topic] as u64) as i32
+                }
+                _ => 0,
+            };
+            *self.report.topics.entry(topic.clone()).or_default() += 1;
+            let batch = pending.entry((topic.clone(), partition)).or_default();
+            batch.push(Record {
+                key: key.map(String::into_bytes),
+                value: Some(line.as_bytes().to_vec()),
+                headers: BTreeMap::new(),
+                timestamp: now(),
+            });
+            if batch.len() >= BATCH_RECORDS {
+                let batch = std::mem::take(batch);
+                self.write(&topic, partition, batch)?;
+            }
         }
+        for ((topic, partition), batch) in pending {
+            self.write(&topic, partition, batch)?;
+        }
+        Ok(())
     }
-    for ((topic, partition), batch) in pending {
-        send(&kafka, &mut clients, &topic, partition, batch)?;
+
+    /// The topic of `line` and its key (the transaction id on the transaction topic, the key
+    /// columns' JSON object on a table's), or `None` for a line that is neither.
+    fn place(&self, line: &str) -> Result<Option<(String, Option<String>)>, String> {
+        let json: Json = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
+        let payload = json.get("payload").unwrap_or(&json);
+        if payload.get("status").and_then(Json::as_str).is_some() {
+            return Ok(Some((
+                self.spec.transaction_topic.clone(),
+                payload.get("id").map(Json::to_string),
+            )));
+        }
+        let Some(source) = payload
+            .get("source")
+            .filter(|_| payload.get("op").is_some())
+        else {
+            return Ok(None);
+        };
+        let table = source.get("table").and_then(Json::as_str);
+        let ns = source
+            .get("schema")
+            .and_then(Json::as_str)
+            .or_else(|| source.get("db").and_then(Json::as_str));
+        let (Some(ns), Some(table)) = (ns, table) else {
+            return Err("its source names no table".into());
+        };
+        let collection = format!("{ns}.{table}");
+        let catalog = self.catalog;
+        let key = catalog
+            .resolve(&collection)
+            .or_else(|| catalog.resolve(table))
+            .and_then(|id| catalog.get(id))
+            .and_then(|schema| {
+                let row = payload
+                    .get("after")
+                    .filter(|r| !r.is_null())
+                    .or_else(|| payload.get("before"))?;
+                let key: serde_json::Map<String, Json> = schema
+                    .primary_key()
+                    .iter()
+                    .map(|&c| {
+                        let name = schema.columns()[c].name.clone();
+                        let v = row.get(&name).cloned().unwrap_or(Json::Null);
+                        (name, v)
+                    })
+                    .collect();
+                Some(Json::Object(key).to_string())
+            });
+        Ok(Some((
+            format!("{}.{collection}", self.spec.topic_prefix),
+            key,
+        )))
     }
-    Ok(report)
+
+    fn write(&mut self, topic: &str, partition: i32, batch: Vec<Record>) -> Result<(), String> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let what = format!("writing to {topic}/{partition}");
+        let key = (topic.to_owned(), partition);
+        if !self.clients.contains_key(&key) {
+            let client = self.kafka.block_on(
+                &what,
+                self.kafka
+                    .client()
+                    .partition_client(topic, partition, UnknownTopicHandling::Retry),
+            )?;
+            self.clients.insert(key.clone(), client);
+        }
+        self.kafka.block_on(
+            &what,
+            self.clients[&key].produce(batch, Compression::NoCompression),
+        )?;
+        Ok(())
+    }
 }
 
 fn now() -> chrono::DateTime<chrono::Utc> {
@@ -130,37 +216,4 @@ fn now() -> chrono::DateTime<chrono::Utc> {
         .unwrap_or(Duration::ZERO)
         .as_millis() as i64;
     chrono::DateTime::from_timestamp_millis(ms).expect("now is a valid time")
-}
-
-fn create_topic(kafka: &Kafka, topic: &str, partitions: i32) -> Result<(), String> {
-    let controller = kafka.controller()?;
-    kafka.block_on(
-        &format!("creating topic {topic}"),
-        controller.create_topic(topic, partitions, 1, 30_000),
-    )
-}
-
-fn send(
-    kafka: &Kafka,
-    clients: &mut BTreeMap<(String, i32), PartitionClient>,
-    topic: &str,
-    partition: i32,
-    batch: Vec<Record>,
-) -> Result<(), String> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let what = format!("writing to {topic}/{partition}");
-    let key = (topic.to_owned(), partition);
-    if !clients.contains_key(&key) {
-        let client = kafka.block_on(
-            &what,
-            kafka
-                .client()
-                .partition_client(topic, partition, UnknownTopicHandling::Retry),
-        )?;
-        clients.insert(key.clone(), client);
-    }
-    kafka.block_on(&what, clients[&key].produce(batch, Compression::NoCompression))?;
-    Ok(())
 }

@@ -17,7 +17,7 @@ use super::spec::KafkaSpec;
 use crate::coordinator::SourceMark;
 use crate::debezium::{ParseOptions, SourcePosition, TxnMode, parse_line_with};
 use crate::node::NodeHandle;
-use crate::sink::actor::{Ops, txn_ops};
+use crate::sink::actor::{CHECKPOINT_IDS, Ops, txn_ops};
 use crate::sink::msg::{SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
 use crate::sink::source::{KafkaState, SourceState};
@@ -26,6 +26,9 @@ use crate::sink::source::{KafkaState, SourceState};
 const POLL: Duration = Duration::from_millis(5);
 /// How often topics are listed again for new ones (a table captured later).
 const DISCOVER_EVERY: Duration = Duration::from_secs(5);
+/// How long the other partitions have nothing more to give before an unreadable record
+/// stops replay.
+const POISON_GRACE: Duration = Duration::from_millis(200);
 /// How long the last checkpoint waits for an earlier one to finish.
 const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
 /// How long a stopping sink waits for what it handed the node to become visible.
@@ -57,8 +60,8 @@ pub(in crate::sink) fn run(
         return report;
     }
     let resume = node.resume().unwrap_or_default();
-    let state = match SourceState::decode(node.resume_state()) {
-        Ok(s) => s.kafka.unwrap_or_default(),
+    let (state, recent) = match SourceState::decode(node.resume_state()) {
+        Ok(s) => (s.kafka.unwrap_or_default(), s.applied),
         Err(e) => {
             stop(&mut report, format!("the checkpoint's source state: {e}"));
             return report;
@@ -90,11 +93,13 @@ pub(in crate::sink) fn run(
         last_checkpoint: Instant::now(),
         last_discovery: Instant::now(),
         caught_up: false,
+        poisoned: None,
+        last_took: Instant::now(),
         report,
         kafka,
     };
     sink.report.lines = resume.line;
-    if let Err(e) = sink.open(&state) {
+    if let Err(e) = sink.open(&state, &recent) {
         sink.fail(e);
         return sink.finish();
     }
@@ -103,6 +108,10 @@ pub(in crate::sink) fn run(
         let took = match sink.take(&mut turn) {
             Ok(took) => took,
             Err(e) => {
+                // Every transaction complete before the error is handed over first.
+                if sink.collect().is_ok() && !sink.group.is_empty() && !sink.submit() {
+                    break;
+                }
                 sink.fail(e);
                 break;
             }
@@ -117,6 +126,12 @@ pub(in crate::sink) fn run(
         }
         if took {
             continue;
+        }
+        if sink.last_took.elapsed() >= POISON_GRACE
+            && let Some((_, e)) = sink.poisoned.take()
+        {
+            sink.fail(e);
+            break;
         }
         sink.check_caught_up();
         if sink.caught_up && !options.follow {
@@ -158,14 +173,22 @@ struct KafkaSink<'a> {
     last_checkpoint: Instant,
     last_discovery: Instant,
     caught_up: bool,
+    /// A record that cannot be read, and its partition: that partition is read no further,
+    /// and replay stops once every other has nothing more to give (the transactions that
+    /// complete without it are handed over first).
+    poisoned: Option<(usize, String)>,
+    last_took: Instant,
     report: SinkReport,
 }
 
 impl KafkaSink<'_> {
     /// Opens every partition of the source's topics where `state` says, or at its start.
-    fn open(&mut self, state: &KafkaState) -> Result<(), String> {
-        let resume: BTreeMap<&str, i64> =
-            state.offsets.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    fn open(&mut self, state: &KafkaState, recent: &[String]) -> Result<(), String> {
+        let resume: BTreeMap<&str, i64> = state
+            .offsets
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
         let mut said = false;
         loop {
             self.discover(&resume)?;
@@ -215,6 +238,7 @@ impl KafkaSink<'_> {
             .collect();
         let next: Vec<i64> = self.assembler.next_offsets().to_vec();
         self.assembler = KafkaAssembler::new(self.options.mode, next, handed);
+        self.assembler.remember(recent);
         Ok(())
     }
 
@@ -244,9 +268,9 @@ impl KafkaSink<'_> {
                 if self.parts.iter().any(|(q, _, _)| *q.name == *name) {
                     continue;
                 }
-                let (part, start) = self
-                    .kafka
-                    .open(&topic, p, resume.get(name.as_str()).copied())?;
+                let (part, start) =
+                    self.kafka
+                        .open(&topic, p, resume.get(name.as_str()).copied())?;
                 tracing::info!("{}: reading {name} from offset {start}", self.spec);
                 let index = self.assembler.add_partition(start) as usize;
                 debug_assert_eq!(index, self.parts.len());
@@ -266,6 +290,9 @@ impl KafkaSink<'_> {
     /// Which partitions the sink takes records from now: all, unless the events held for
     /// later transactions reached `max_buffered`; then only what the oldest open one lacks.
     fn wanted(&self, i: usize) -> bool {
+        if self.poisoned.as_ref().is_some_and(|(p, _)| *p == i) {
+            return false;
+        }
         if self.assembler.waiting() < self.spec.max_buffered {
             return true;
         }
@@ -288,13 +315,25 @@ impl KafkaSink<'_> {
             if !self.wanted(i) {
                 continue;
             }
+            let full = self.assembler.waiting() >= self.spec.max_buffered;
             match self.parts[i].0.rx.try_recv() {
                 Ok(Fetched::Records(records)) => {
                     took = true;
+                    self.last_took = Instant::now();
                     for r in records {
-                        self.on_record(i, r.offset, r.record.value)?;
+                        match self.on_record(i, r.offset, r.record.value) {
+                            Ok(()) => {}
+                            Err(Ok(bad)) => {
+                                self.poisoned = Some((i, bad));
+                                break;
+                            }
+                            Err(Err(e)) => return Err(e),
+                        }
                     }
                     self.collect()?;
+                    if full {
+                        self.check_buffer()?;
+                    }
                 }
                 Ok(Fetched::Failed(e)) => return Err(e),
                 Err(flume::TryRecvError::Empty) => {}
@@ -304,45 +343,70 @@ impl KafkaSink<'_> {
             }
         }
         *turn = turn.wrapping_add(1);
-        let waiting = self.assembler.waiting();
-        if waiting > self.spec.max_buffered {
-            let head = match self.assembler.head_needs() {
-                Some((id, Some(lacking))) => {
-                    format!("transaction {id} still lacks events of {}", lacking.join(", "))
-                }
-                Some((id, None)) => format!("transaction {id} waits for its END"),
-                None => "the next transaction's BEGIN has not arrived".into(),
-            };
-            return Err(format!(
-                "{}: {waiting} events of later transactions are held while {head}, more than \
-                 max_buffered={}; raise it in the source URL (each held event costs memory), or \
-                 check that every partition is being written",
-                self.spec, self.spec.max_buffered
-            ));
-        }
         Ok(took)
     }
 
-    fn on_record(&mut self, i: usize, offset: i64, value: Option<Vec<u8>>) -> Result<(), String> {
+    /// Once the events held for later transactions reached `max_buffered`, the sink reads only
+    /// what the oldest open transaction lacks; if that still brings more of later ones, the
+    /// buffer is too small for the source's skew (an error).
+    fn check_buffer(&self) -> Result<(), String> {
+        let waiting = self.assembler.waiting();
+        if waiting <= self.spec.max_buffered {
+            return Ok(());
+        }
+        let head = match self.assembler.head_needs() {
+            Some((id, Some(lacking))) => {
+                format!(
+                    "transaction {id} still lacks events of {}",
+                    lacking.join(", ")
+                )
+            }
+            Some((id, None)) => format!("transaction {id} waits for its END"),
+            None => "the next transaction's BEGIN has not arrived".into(),
+        };
+        Err(format!(
+            "{}: {waiting} events of later transactions are held while {head}, more than \
+             max_buffered={}; raise it in the source URL (each held event costs memory), or \
+             check that every partition is being written",
+            self.spec, self.spec.max_buffered
+        ))
+    }
+
+    /// Reads one record into the assembler. `Err(Ok(e))`: the record cannot be read;
+    /// `Err(Err(e))`: the transactions it belongs to cannot be rebuilt.
+    fn on_record(
+        &mut self,
+        i: usize,
+        offset: i64,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), Result<String, String>> {
         self.report.lines += 1;
         let pos = SourcePosition::new(self.parts[i].1.clone(), offset.max(0) as u64);
         let Some(value) = value else {
             // A tombstone (a null value after a delete, for log compaction).
             return self
                 .assembler
-                .push(i as u32, offset, crate::debezium::Message::Tombstone { pos })
-                .map_err(|e| e.to_string());
+                .push(
+                    i as u32,
+                    offset,
+                    crate::debezium::Message::Tombstone { pos },
+                )
+                .map_err(|e| Err(e.to_string()));
         };
-        let text = std::str::from_utf8(&value).map_err(|e| format!("{pos}: not UTF-8: {e}"))?;
+        let text = std::str::from_utf8(&value).map_err(|e| Ok(format!("{pos}: not UTF-8: {e}")))?;
         let catalog = self.node.catalog().clone();
-        let lookup = |name: &str| catalog.resolve(name).and_then(|id| catalog.get(id).cloned());
+        let lookup = |name: &str| {
+            catalog
+                .resolve(name)
+                .and_then(|id| catalog.get(id).cloned())
+        };
         let options = ParseOptions {
             decimal_handling: self.node.decimal_handling(),
         };
-        let msg = parse_line_with(text, &pos, &lookup, &options).map_err(|e| e.to_string())?;
+        let msg = parse_line_with(text, &pos, &lookup, &options).map_err(|e| Ok(e.to_string()))?;
         self.assembler
             .push(i as u32, offset, msg)
-            .map_err(|e| e.to_string())
+            .map_err(|e| Err(e.to_string()))
     }
 
     /// Moves the complete transactions into the group.
@@ -411,7 +475,7 @@ impl KafkaSink<'_> {
         let name = |i: u32| self.parts[i as usize].0.name.to_string();
         let handed = self.assembler.replayable(&resume);
         let state = SourceState {
-            applied: Vec::new(),
+            applied: self.assembler.recent(CHECKPOINT_IDS),
             kafka: Some(KafkaState {
                 offsets: resume
                     .iter()
@@ -489,9 +553,7 @@ impl KafkaSink<'_> {
         if let Some(ts) = self.report.last_ts {
             self.node.wait_visible(ts, STOP_VISIBLE_WAIT);
         }
-        let msg = format!(
-            "{msg}; replay stopped, every transaction before it is visible",
-        );
+        let msg = format!("{msg}; replay stopped, every transaction before it is visible",);
         self.node.stop_replay(msg.clone());
         self.report.stopped_by = Some(msg);
     }

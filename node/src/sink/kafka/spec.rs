@@ -67,11 +67,10 @@ impl KafkaSpec {
                 }
                 "transaction_topic" if !v.is_empty() => txn_topic = Some(v.to_owned()),
                 "max_buffered" => {
-                    max_buffered = v
-                        .parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| err(format!("max_buffered `{v}` is not a count above 0")))?
+                    max_buffered =
+                        v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                            err(format!("max_buffered `{v}` is not a count above 0"))
+                        })?
                 }
                 _ => {
                     return Err(err(format!(
@@ -111,7 +110,9 @@ impl KafkaSpec {
     /// The compiled `topics_regex`, if one was given.
     pub fn regex(&self) -> Option<regex::Regex> {
         match &self.topics {
-            TopicFilter::Regex(r) => Some(regex::Regex::new(&format!("^(?:{r})$")).expect("checked")),
+            TopicFilter::Regex(r) => {
+                Some(regex::Regex::new(&format!("^(?:{r})$")).expect("checked"))
+            }
             _ => None,
         }
     }
@@ -156,8 +157,14 @@ mod tests {
         assert!(!s.is_data_topic("dbserver1.transaction", None));
         assert!(!s.is_data_topic("dbserver1", None));
         assert!(!s.is_data_topic("other.public.accounts", None));
-        assert_eq!(s.collection_of("dbserver1.public.accounts"), "public.accounts");
-        assert_eq!(s.to_string(), "kafka://127.0.0.1:9092,h2:9093?topic_prefix=dbserver1");
+        assert_eq!(
+            s.collection_of("dbserver1.public.accounts"),
+            "public.accounts"
+        );
+        assert_eq!(
+            s.to_string(),
+            "kafka://127.0.0.1:9092,h2:9093?topic_prefix=dbserver1"
+        );
 
         let s = KafkaSpec::parse("h:1?topic_prefix=p&topics_regex=p\\.inv\\..*&max_buffered=10")
             .unwrap();
