@@ -300,6 +300,17 @@ pub fn write_debezium(
     schemas: &[Arc<TableSchema>],
     txns: &[Vec<TableOp<Vec<Value>>>],
 ) -> std::io::Result<()> {
+    write_debezium_from(out, schemas, txns, 0)
+}
+
+/// [`write_debezium`], the transactions' ids counted from `first` (a stream written in parts
+/// keeps its ids unique).
+pub fn write_debezium_from(
+    out: &mut impl std::io::Write,
+    schemas: &[Arc<TableSchema>],
+    txns: &[Vec<TableOp<Vec<Value>>>],
+    first: usize,
+) -> std::io::Result<()> {
     use serde_json::{Map, Value as J, json};
     let value = |ty: ColumnType, v: &Value| -> J {
         match (ty, v) {
@@ -334,7 +345,7 @@ pub fn write_debezium(
         )
     };
     for (n, txn) in txns.iter().enumerate() {
-        let id = n.to_string();
+        let id = (first + n).to_string();
         writeln!(
             out,
             "{}",

@@ -424,7 +424,7 @@ enum Stop {
 /// Where the writer puts the stream: a file it appends to, or Kafka.
 enum Feed {
     File(std::fs::File),
-    Kafka(Producer<'static>),
+    Kafka(Box<Producer>),
 }
 
 /// The source, written to by the writer and, between runs, by redeliveries.
@@ -475,9 +475,9 @@ fn crash_campaign_from_kafka_loses_duplicates_and_invents_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let source = format!("kafka://{}?topic_prefix=bankdb", broker.addr);
     let spec = KafkaSpec::parse(source.strip_prefix("kafka://").unwrap()).unwrap();
-    let catalog: &'static Catalog = Box::leak(Box::new(Catalog::from_ddl(DDL, "s.sql").unwrap()));
+    let catalog = Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap());
     let producer = Producer::connect(&spec, catalog, 3).unwrap();
-    campaign(dir, kills, Feed::Kafka(producer), &source);
+    campaign(dir, kills, Feed::Kafka(Box::new(producer)), &source);
     drop(broker);
 }
 

@@ -974,7 +974,7 @@ fn a_transaction_over_max_txn_bytes_is_refused_with_its_position() {
 /// per table topic), as a source with the URL's extra `params`.
 fn kafka_source(broker: &Broker, prefix: &str, params: &str, lines: &[String]) -> SourceSpec {
     let spec = KafkaSpec::parse(&format!("{}?topic_prefix={prefix}{params}", broker.addr)).unwrap();
-    let catalog = Catalog::from_ddl(DDL, "bank.sql").unwrap();
+    let catalog = Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap());
     produce_lines(&spec, &catalog, 3, lines.iter().map(String::as_str)).unwrap();
     SourceSpec::Kafka(spec)
 }

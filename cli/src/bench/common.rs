@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use retina_bench::ch::{REPLAY_DDL, replay_workload};
+use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium_from};
 use retina_node::catalog::Catalog;
 use retina_node::node::Node;
 use retina_node::settings::Settings;
+use retina_node::sink::kafka::{KafkaSpec, Producer};
 
 use crate::measure::{local_node, now_us};
 
@@ -79,6 +80,40 @@ impl Driver {
 /// A driver emitting `txns` at `rate` rows per second, each stamped with the time it is
 /// emitted in `fresh_ts`, until stopped.
 pub(super) fn spawn_driver(h: retina_node::node::NodeHandle, txns: Stream, rate: u64) -> Driver {
+    spawn_driver_with(txns, rate, move |group| {
+        h.submit(group)?;
+        Ok(())
+    })
+}
+
+/// [`spawn_driver`] into Kafka: each group written as Debezium JSON into `spec`'s topics in
+/// Debezium's layout (three partitions per table topic), for a node reading them.
+pub(super) fn spawn_kafka_driver(
+    spec: &KafkaSpec,
+    catalog: Arc<Catalog>,
+    txns: Stream,
+    rate: u64,
+) -> anyhow::Result<Driver> {
+    let mut producer = Producer::connect(spec, catalog.clone(), 3).map_err(anyhow::Error::msg)?;
+    let mut next_id = 0;
+    let mut text = Vec::new();
+    Ok(spawn_driver_with(txns, rate, move |group| {
+        text.clear();
+        write_debezium_from(&mut text, catalog.tables(), group, next_id)?;
+        next_id += group.len();
+        producer
+            .send(std::str::from_utf8(&text)?.lines())
+            .map_err(anyhow::Error::msg)
+    }))
+}
+
+/// The driver's loop: every transaction due at `rate` rows per second, stamped, handed to
+/// `emit` in groups.
+fn spawn_driver_with(
+    txns: Stream,
+    rate: u64,
+    mut emit: impl FnMut(&Stream) -> anyhow::Result<()> + Send + 'static,
+) -> Driver {
     use retina_bench::ch::REPLAY_FRESH_TS;
     use retina_bench::workload::stamp_fresh;
     let stop = Arc::new(AtomicBool::new(false));
@@ -101,7 +136,7 @@ pub(super) fn spawn_driver(h: retina_node::node::NodeHandle, txns: Stream, rate:
                 if group.is_empty() {
                     std::thread::sleep(Duration::from_micros(200));
                 } else {
-                    h.submit(&group)?;
+                    emit(&group)?;
                 }
             }
             Ok(())

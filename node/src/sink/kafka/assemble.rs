@@ -20,7 +20,10 @@ const RECENT_IDS: usize = 65_536;
 
 /// A transaction handed over: its key ([`txn_key`]) and, for each partition it was read from,
 /// the last offset there.
-pub type Handed = (String, Vec<(u32, i64)>);
+pub type Handed = (String, Offsets);
+
+/// For each partition (by index) something was read from, the last offset read there.
+pub type Offsets = Vec<(u32, i64)>;
 
 /// A complete transaction, its events in `total_order`.
 #[derive(Debug)]
@@ -94,7 +97,7 @@ pub struct KafkaAssembler {
     recent: HashSet<Arc<str>>,
     recent_order: VecDeque<Arc<str>>,
     /// Transactions handed over, with the last offset of each partition they were read from.
-    handed: VecDeque<(Arc<str>, Vec<(u32, i64)>)>,
+    handed: VecDeque<(Arc<str>, Offsets)>,
     duplicates_skipped: u64,
 }
 

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rskafka::client::error::{Error, ProtocolError};
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 use rskafka::record::RecordAndOffset;
@@ -22,7 +23,8 @@ const FETCH_WAIT_MS: i32 = 50;
 /// How long a request may take before the source gives up (rskafka retries until then).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 
-/// What a partition's task hands the sink.
+/// What a partition's task hands the sink. Failures that may pass (a broker restarting, a
+/// leader moving) are retried with backoff and logged; only lost records end the task.
 pub enum Fetched {
     Records(Vec<RecordAndOffset>),
     /// Fetching failed for good (the message names the partition).
@@ -164,6 +166,7 @@ async fn fetch_task(
     wake: flume::Sender<()>,
     name: Arc<str>,
 ) {
+    let mut failures = 0u32;
     loop {
         let fetched = tokio::time::timeout(
             REQUEST_DEADLINE,
@@ -171,15 +174,33 @@ async fn fetch_task(
         )
         .await;
         let msg = match fetched {
-            Ok(Ok((records, _))) if records.is_empty() => continue,
+            Ok(Ok((records, _))) if records.is_empty() => {
+                failures = 0;
+                continue;
+            }
             Ok(Ok((records, _))) => {
+                failures = 0;
                 offset = records.last().expect("not empty").offset + 1;
                 Fetched::Records(records)
             }
-            Ok(Err(e)) => Fetched::Failed(format!("{name}: fetching from offset {offset}: {e}")),
-            Err(_) => Fetched::Failed(format!(
-                "{name}: fetching from offset {offset}: no answer within {REQUEST_DEADLINE:?}"
+            // Records the node still needs are gone: no retry brings them back.
+            Ok(Err(Error::ServerError {
+                protocol_error: ProtocolError::OffsetOutOfRange,
+                ..
+            })) => Fetched::Failed(format!(
+                "{name}: offset {offset} is out of the partition's range (retention deleted \
+                 records the node still needs, or the topic was recreated)"
             )),
+            // A broker restarting, a leader moving, the network: retried, with a warning.
+            Ok(Err(e)) => {
+                retry(&name, offset, &e.to_string(), &mut failures).await;
+                continue;
+            }
+            Err(_) => {
+                let why = format!("no answer within {REQUEST_DEADLINE:?}");
+                retry(&name, offset, &why, &mut failures).await;
+                continue;
+            }
         };
         let failed = matches!(msg, Fetched::Failed(_));
         if tx.send_async(msg).await.is_err() || failed {
@@ -188,4 +209,12 @@ async fn fetch_task(
         }
         let _ = wake.try_send(());
     }
+}
+
+/// Waits before fetching again after a failure: 100 ms, doubling up to 10 s.
+async fn retry(name: &str, offset: i64, why: &str, failures: &mut u32) {
+    *failures += 1;
+    let wait = Duration::from_millis(100 << (*failures - 1).min(7)).min(Duration::from_secs(10));
+    tracing::warn!("{name}: fetching from offset {offset} failed ({why}); again in {wait:?}");
+    tokio::time::sleep(wait).await;
 }

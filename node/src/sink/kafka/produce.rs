@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
@@ -33,21 +34,21 @@ pub struct ProduceReport {
 /// they do not exist. `catalog` gives each table's key columns.
 pub fn produce_lines<'a>(
     spec: &KafkaSpec,
-    catalog: &Catalog,
+    catalog: &Arc<Catalog>,
     partitions: i32,
     lines: impl IntoIterator<Item = &'a str>,
 ) -> Result<ProduceReport, String> {
-    let mut producer = Producer::connect(spec, catalog, partitions)?;
+    let mut producer = Producer::connect(spec, catalog.clone(), partitions)?;
     producer.send(lines)?;
     Ok(producer.report)
 }
 
 /// A connection writing Debezium JSON lines into Kafka in Debezium's layout; see
 /// [`produce_lines`].
-pub struct Producer<'a> {
+pub struct Producer {
     kafka: Kafka,
     spec: KafkaSpec,
-    catalog: &'a Catalog,
+    catalog: Arc<Catalog>,
     partitions: i32,
     /// Topics and their partition counts.
     existing: BTreeMap<String, i32>,
@@ -56,10 +57,10 @@ pub struct Producer<'a> {
     pub report: ProduceReport,
 }
 
-impl<'a> Producer<'a> {
+impl Producer {
     pub fn connect(
         spec: &KafkaSpec,
-        catalog: &'a Catalog,
+        catalog: Arc<Catalog>,
         partitions: i32,
     ) -> Result<Self, String> {
         let kafka = Kafka::connect(spec)?;
@@ -160,7 +161,7 @@ impl<'a> Producer<'a> {
             return Err("its source names no table".into());
         };
         let collection = format!("{ns}.{table}");
-        let catalog = self.catalog;
+        let catalog = &self.catalog;
         let key = catalog
             .resolve(&collection)
             .or_else(|| catalog.resolve(table))
