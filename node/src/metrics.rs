@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 23] = [
+    let metrics: [(&str, &str, &str, String); 24] = [
         (
             "retina_hwm",
             "gauge",
@@ -239,6 +239,12 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "1 when the source reached its end.",
             flag(s.source_done.load(Ordering::Relaxed)),
+        ),
+        (
+            "retina_source_lag_records",
+            "gauge",
+            "Records the source holds that the sink has not read yet (Kafka: over all partitions).",
+            load(&s.source_lag),
         ),
         (
             "retina_checkpoint_in_progress",

@@ -85,6 +85,9 @@ pub struct NodeStatus {
     pub checkpoint_ts: AtomicU64,
     pub shard_memory: Vec<ShardMemory>,
     pub source_done: AtomicBool,
+    /// Records the source holds that the sink has not read yet (Kafka: over every partition,
+    /// its high watermark less the next offset to read; 0 for a file).
+    pub source_lag: AtomicU64,
     /// The timestamp of the transaction a shard refused (0: none); replay stopped before it.
     pub failed_ts: AtomicU64,
     /// Lake writes the I/O thread has in hand, by kind (see [`IoKind`]).

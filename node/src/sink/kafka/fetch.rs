@@ -26,7 +26,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(30);
 /// What a partition's task hands the sink. Failures that may pass (a broker restarting, a
 /// leader moving) are retried with backoff and logged; only lost records end the task.
 pub enum Fetched {
-    Records(Vec<RecordAndOffset>),
+    /// Records, and the partition's high watermark then.
+    Records(Vec<RecordAndOffset>, i64),
     /// Fetching failed for good (the message names the partition).
     Failed(String),
 }
@@ -38,6 +39,8 @@ pub struct Partition {
     pub rx: flume::Receiver<Fetched>,
     /// The high watermark when it was opened: the sink has caught up once it read that far.
     pub end_at_open: i64,
+    /// The high watermark the last fetch saw.
+    pub high: i64,
 }
 
 /// The connection to the brokers and the runtime its tasks run on.
@@ -153,6 +156,7 @@ impl Kafka {
                 name,
                 rx,
                 end_at_open: latest,
+                high: latest,
             },
             start,
         ))
@@ -178,10 +182,10 @@ async fn fetch_task(
                 failures = 0;
                 continue;
             }
-            Ok(Ok((records, _))) => {
+            Ok(Ok((records, high))) => {
                 failures = 0;
                 offset = records.last().expect("not empty").offset + 1;
-                Fetched::Records(records)
+                Fetched::Records(records, high)
             }
             // Records the node still needs are gone: no retry brings them back.
             Ok(Err(Error::ServerError {

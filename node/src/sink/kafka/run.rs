@@ -317,8 +317,9 @@ impl KafkaSink<'_> {
             }
             let full = self.assembler.waiting() >= self.spec.max_buffered;
             match self.parts[i].0.rx.try_recv() {
-                Ok(Fetched::Records(records)) => {
+                Ok(Fetched::Records(records, high)) => {
                     took = true;
+                    self.parts[i].0.high = high;
                     self.last_took = Instant::now();
                     for r in records {
                         match self.on_record(i, r.offset, r.record.value) {
@@ -343,6 +344,16 @@ impl KafkaSink<'_> {
             }
         }
         *turn = turn.wrapping_add(1);
+        if took {
+            let next = self.assembler.next_offsets();
+            let lag: i64 = (self.parts.iter().enumerate())
+                .map(|(i, (p, _, _))| (p.high - next[i]).max(0))
+                .sum();
+            self.node
+                .status()
+                .source_lag
+                .store(lag as u64, Ordering::Relaxed);
+        }
         Ok(took)
     }
 
