@@ -476,7 +476,8 @@ fn crash_campaign_from_kafka_loses_duplicates_and_invents_nothing() {
     let source = format!("kafka://{}?topic_prefix=bankdb", broker.addr);
     let spec = KafkaSpec::parse(source.strip_prefix("kafka://").unwrap()).unwrap();
     let catalog = Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap());
-    let producer = Producer::connect(&spec, catalog, 3).unwrap();
+    let mut producer = Producer::connect(&spec, catalog, 3).unwrap();
+    producer.tombstones = true;
     campaign(dir, kills, Feed::Kafka(Box::new(producer)), &source);
     drop(broker);
 }

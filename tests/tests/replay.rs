@@ -20,7 +20,7 @@ use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
 use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
-use retina_node::sink::kafka::{KafkaSpec, produce_lines};
+use retina_node::sink::kafka::{KafkaSpec, Producer};
 use retina_node::sink::{OnError, SinkOptions, SinkReport, SourceSpec, run_sink};
 use retina_storage::batch_rows;
 use retina_storage::{ColumnType, Value};
@@ -971,11 +971,14 @@ fn a_transaction_over_max_txn_bytes_is_refused_with_its_position() {
 }
 
 /// `lines` written into `broker` in Debezium's Kafka layout under `prefix` (three partitions
-/// per table topic), as a source with the URL's extra `params`.
+/// per table topic, a tombstone after each delete), as a source with the URL's extra `params`.
 fn kafka_source(broker: &Broker, prefix: &str, params: &str, lines: &[String]) -> SourceSpec {
     let spec = KafkaSpec::parse(&format!("{}?topic_prefix={prefix}{params}", broker.addr)).unwrap();
     let catalog = Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap());
-    produce_lines(&spec, &catalog, 3, lines.iter().map(String::as_str)).unwrap();
+    let mut producer = Producer::connect(&spec, catalog, 3).unwrap();
+    // Each delete followed by a tombstone, as Debezium writes them by default.
+    producer.tombstones = true;
+    producer.send(lines.iter().map(String::as_str)).unwrap();
     SourceSpec::Kafka(spec)
 }
 

@@ -55,6 +55,9 @@ pub struct Producer {
     clients: BTreeMap<(String, i32), PartitionClient>,
     /// What was written so far.
     pub report: ProduceReport,
+    /// Follow each delete with a tombstone (a null value with its key), as Debezium does by
+    /// default (`tombstones.on.delete`).
+    pub tombstones: bool,
 }
 
 impl Producer {
@@ -77,6 +80,7 @@ impl Producer {
             existing,
             clients: BTreeMap::new(),
             report: ProduceReport::default(),
+            tombstones: false,
         })
     }
 
@@ -88,7 +92,7 @@ impl Producer {
             if line.is_empty() {
                 continue;
             }
-            let Some((topic, key)) = self
+            let Some((topic, key, delete)) = self
                 .place(line)
                 .map_err(|e| format!("line {}: {e}", n + 1))?
             else {
@@ -118,12 +122,28 @@ impl Producer {
             };
             *self.report.topics.entry(topic.clone()).or_default() += 1;
             let batch = pending.entry((topic.clone(), partition)).or_default();
-            batch.push(Record {
-                key: key.map(String::into_bytes),
-                value: Some(line.as_bytes().to_vec()),
-                headers: BTreeMap::new(),
-                timestamp: now(),
-            });
+            let key = key.map(String::into_bytes);
+            if delete && self.tombstones {
+                batch.push(Record {
+                    key: key.clone(),
+                    value: Some(line.as_bytes().to_vec()),
+                    headers: BTreeMap::new(),
+                    timestamp: now(),
+                });
+                batch.push(Record {
+                    key,
+                    value: None,
+                    headers: BTreeMap::new(),
+                    timestamp: now(),
+                });
+            } else {
+                batch.push(Record {
+                    key,
+                    value: Some(line.as_bytes().to_vec()),
+                    headers: BTreeMap::new(),
+                    timestamp: now(),
+                });
+            }
             if batch.len() >= BATCH_RECORDS {
                 let batch = std::mem::take(batch);
                 self.write(&topic, partition, batch)?;
@@ -135,15 +155,18 @@ impl Producer {
         Ok(())
     }
 
-    /// The topic of `line` and its key (the transaction id on the transaction topic, the key
-    /// columns' JSON object on a table's), or `None` for a line that is neither.
-    fn place(&self, line: &str) -> Result<Option<(String, Option<String>)>, String> {
+    /// The topic of `line`, its key (the transaction id on the transaction topic, the key
+    /// columns' JSON object on a table's) and whether it is a delete, or `None` for a line that
+    /// is neither.
+    #[allow(clippy::type_complexity)]
+    fn place(&self, line: &str) -> Result<Option<(String, Option<String>, bool)>, String> {
         let json: Json = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
         let payload = json.get("payload").unwrap_or(&json);
         if payload.get("status").and_then(Json::as_str).is_some() {
             return Ok(Some((
                 self.spec.transaction_topic.clone(),
                 payload.get("id").map(Json::to_string),
+                false,
             )));
         }
         let Some(source) = payload
@@ -182,9 +205,11 @@ impl Producer {
                     .collect();
                 Some(Json::Object(key).to_string())
             });
+        let delete = payload.get("op").and_then(Json::as_str) == Some("d");
         Ok(Some((
             format!("{}.{collection}", self.spec.topic_prefix),
             key,
+            delete,
         )))
     }
 
