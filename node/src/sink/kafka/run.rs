@@ -296,11 +296,19 @@ impl KafkaSink<'_> {
         if self.assembler.waiting() < self.spec.max_buffered {
             return true;
         }
-        match self.assembler.head_needs() {
-            Some((_, Some(lacking))) => self.parts[i]
+        let carries = |j: usize, lacking: &[&str]| {
+            self.parts[j]
                 .2
                 .as_deref()
-                .is_some_and(|c| lacking.contains(&c)),
+                .is_some_and(|c| lacking.contains(&c))
+        };
+        match self.assembler.head_needs() {
+            // A collection no topic is known to carry (a `topics=` name that does not say it):
+            // every table topic may hold it.
+            Some((_, Some(lacking))) if !(0..self.parts.len()).any(|j| carries(j, &lacking)) => {
+                Some(i) != self.txn_part
+            }
+            Some((_, Some(lacking))) => carries(i, &lacking),
             _ => Some(i) == self.txn_part,
         }
     }
