@@ -57,6 +57,36 @@ struct Located {
     total_order: u64,
 }
 
+/// The events held for one transaction, with what drops a repeat of one and the count of each
+/// data collection's, kept as they arrive.
+#[derive(Debug, Default)]
+struct Held {
+    events: Vec<Located>,
+    positions: HashSet<(u32, i64)>,
+    orders: HashSet<u64>,
+    counts: HashMap<String, u64>,
+}
+
+impl Held {
+    /// Holds `e`, unless it repeats one held (Kafka delivers at least once): false then.
+    fn add(&mut self, e: Located) -> bool {
+        if !self.positions.insert((e.part, e.offset))
+            || (e.total_order > 0 && !self.orders.insert(e.total_order))
+        {
+            return false;
+        }
+        if let Some(ev) = &e.event {
+            *self.counts.entry(ev.data_collection.clone()).or_default() += 1;
+        }
+        self.events.push(e);
+        true
+    }
+
+    fn count(&self, collection: &str) -> u64 {
+        self.counts.get(collection).copied().unwrap_or(0)
+    }
+}
+
 #[derive(Debug)]
 struct End {
     event_count: u64,
@@ -70,7 +100,7 @@ struct Pending {
     begin: SourcePosition,
     /// Where its BEGIN is on the transaction topic.
     begin_at: (u32, i64),
-    events: Vec<Located>,
+    held: Held,
     end: Option<End>,
     /// Delivered again after it was handed over: dropped once its END arrives.
     duplicate: bool,
@@ -86,7 +116,7 @@ pub struct KafkaAssembler {
     pending: HashMap<Arc<str>, Pending>,
     order: VecDeque<Arc<str>>,
     /// Events whose BEGIN has not been read yet, by transaction key.
-    early: HashMap<Arc<str>, Vec<Located>>,
+    early: HashMap<Arc<str>, Held>,
     /// Events held in `pending` and `early`.
     buffered: usize,
     /// Stand-alone transactions (snapshot reads; every event without metadata), ready.
@@ -212,9 +242,9 @@ impl KafkaAssembler {
                     return Ok(());
                 }
                 let duplicate = self.handed_over(&key);
-                let events = self.early.remove(&key).unwrap_or_default();
+                let held = self.early.remove(&key).unwrap_or_default();
                 if duplicate {
-                    self.buffered -= events.len();
+                    self.buffered -= held.events.len();
                 }
                 self.order.push_back(key.clone());
                 self.pending.insert(
@@ -223,7 +253,7 @@ impl KafkaAssembler {
                         id,
                         begin: pos,
                         begin_at: (part, offset),
-                        events: if duplicate { Vec::new() } else { events },
+                        held: if duplicate { Held::default() } else { held },
                         end: None,
                         duplicate,
                     },
@@ -277,19 +307,14 @@ impl KafkaAssembler {
             event,
             total_order: order,
         };
-        let events = match self.pending.get_mut(key) {
+        let held = match self.pending.get_mut(key) {
             Some(p) if p.duplicate => return,
-            Some(p) => &mut p.events,
+            Some(p) => &mut p.held,
             None => self.early.entry(key.into()).or_default(),
         };
-        // Kafka delivers at least once: a repeat of an event held already is dropped.
-        if events.iter().any(|e| e.part == part && e.offset == offset)
-            || (order > 0 && events.iter().any(|e| e.total_order == order))
-        {
-            return;
+        if held.add(located) {
+            self.buffered += 1;
         }
-        events.push(located);
-        self.buffered += 1;
     }
 
     fn single(&mut self, part: u32, offset: i64, ev: ChangeEvent) {
@@ -331,9 +356,9 @@ impl KafkaAssembler {
             }
             let key = self.order.pop_front().expect("a front");
             let p = self.pending.remove(&key).expect("pending");
-            self.buffered -= p.events.len();
+            self.buffered -= p.held.events.len();
             let mut offsets: Vec<(u32, i64)> = vec![p.begin_at];
-            let mut events = p.events;
+            let mut events = p.held.events;
             events.sort_by_key(|e| e.total_order);
             for e in &events {
                 match offsets.iter_mut().find(|(part, _)| *part == e.part) {
@@ -364,7 +389,7 @@ impl KafkaAssembler {
         let head = self
             .order
             .front()
-            .map_or(0, |k| self.pending[k].events.len());
+            .map_or(0, |k| self.pending[k].held.events.len());
         self.buffered - head
     }
 
@@ -375,13 +400,7 @@ impl KafkaAssembler {
         let lacking = p.end.as_ref().map(|end| {
             end.data_collections
                 .iter()
-                .filter(|(c, n)| {
-                    p.events
-                        .iter()
-                        .filter(|e| e.event.as_ref().is_some_and(|ev| ev.data_collection == *c))
-                        .count() as u64
-                        != *n
-                })
+                .filter(|(c, n)| p.held.count(c) != *n)
                 .map(|(c, _)| c.as_str())
                 .collect()
         });
@@ -398,9 +417,9 @@ impl KafkaAssembler {
         };
         for p in self.pending.values() {
             need(p.begin_at.0, p.begin_at.1);
-            p.events.iter().for_each(|e| need(e.part, e.offset));
+            p.held.events.iter().for_each(|e| need(e.part, e.offset));
         }
-        for e in self.early.values().flatten() {
+        for e in self.early.values().flat_map(|h| &h.events) {
             need(e.part, e.offset);
         }
         for t in &self.ready {
@@ -452,17 +471,13 @@ fn check_counts(p: &Pending, end: &End) -> Result<bool, DebeziumError> {
             expected,
             got,
         };
-    let total = p.events.len() as u64;
+    let total = p.held.events.len() as u64;
     if total > end.event_count {
         return Err(mismatch(None, end.event_count, total));
     }
     let mut complete = total == end.event_count;
     for (c, n) in &end.data_collections {
-        let got = p
-            .events
-            .iter()
-            .filter(|e| e.event.as_ref().is_some_and(|ev| ev.data_collection == *c))
-            .count() as u64;
+        let got = p.held.count(c);
         if got > *n {
             return Err(mismatch(Some(c.clone()), *n, got));
         }
