@@ -80,6 +80,7 @@ pub(in crate::sink) fn run(
         spec,
         inbox,
         inbox_open: true,
+        stopping: false,
         regex: spec.regex(),
         parts: Vec::new(),
         txn_part: None,
@@ -154,6 +155,7 @@ struct KafkaSink<'a> {
     spec: &'a KafkaSpec,
     inbox: &'a Receiver<SinkMsg>,
     inbox_open: bool,
+    stopping: bool,
     regex: Option<regex::Regex>,
     kafka: Kafka,
     /// Every partition read, indexed as the assembler indexes them, with the name positions
@@ -537,12 +539,19 @@ impl KafkaSink<'_> {
         }
     }
 
+    /// Whether a [`SinkMsg::Stop`] arrived (now or before).
     fn stop_asked(&mut self) -> bool {
+        if self.stopping {
+            return true;
+        }
         if !self.inbox_open {
             return false;
         }
         match self.inbox.try_recv() {
-            Ok(SinkMsg::Stop) => true,
+            Ok(SinkMsg::Stop) => {
+                self.stopping = true;
+                true
+            }
             Err(flume::TryRecvError::Empty) => false,
             Err(flume::TryRecvError::Disconnected) => {
                 self.inbox_open = false;
