@@ -58,9 +58,10 @@ fn main() -> anyhow::Result<()> {
     // runs yet.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
     // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO, and routine
-    // MERGE metrics at WARN.
+    // MERGE metrics at WARN; rskafka (the Kafka source) every connection it opens at INFO.
     let quiet = tracing_subscriber::filter::Targets::new()
         .with_default(LevelFilter::TRACE)
+        .with_target("rskafka", LevelFilter::WARN)
         .with_target("deltalake", LevelFilter::ERROR)
         .with_target("buoyant_kernel", LevelFilter::ERROR);
     tracing_subscriber::fmt()
