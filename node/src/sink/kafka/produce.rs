@@ -149,10 +149,7 @@ impl Producer {
                 self.write(&topic, partition, batch)?;
             }
         }
-        for ((topic, partition), batch) in pending {
-            self.write(&topic, partition, batch)?;
-        }
-        Ok(())
+        self.write_all(pending)
     }
 
     /// The topic of `line`, its key (the transaction id on the transaction topic, the key
@@ -214,24 +211,37 @@ impl Producer {
     }
 
     fn write(&mut self, topic: &str, partition: i32, batch: Vec<Record>) -> Result<(), String> {
-        if batch.is_empty() {
-            return Ok(());
+        self.write_all(BTreeMap::from([((topic.to_owned(), partition), batch)]))
+    }
+
+    /// Writes every partition's batch, the partitions at once (one request each).
+    fn write_all(&mut self, batches: BTreeMap<(String, i32), Vec<Record>>) -> Result<(), String> {
+        for (topic, partition) in batches.keys() {
+            let key = (topic.clone(), *partition);
+            if !self.clients.contains_key(&key) {
+                let client = self.kafka.block_on(
+                    &format!("writing to {topic}/{partition}"),
+                    self.kafka.client().partition_client(
+                        topic,
+                        *partition,
+                        UnknownTopicHandling::Retry,
+                    ),
+                )?;
+                self.clients.insert(key, client);
+            }
         }
-        let what = format!("writing to {topic}/{partition}");
-        let key = (topic.to_owned(), partition);
-        if !self.clients.contains_key(&key) {
-            let client = self.kafka.block_on(
-                &what,
-                self.kafka
-                    .client()
-                    .partition_client(topic, partition, UnknownTopicHandling::Retry),
-            )?;
-            self.clients.insert(key.clone(), client);
-        }
-        self.kafka.block_on(
-            &what,
-            self.clients[&key].produce(batch, Compression::NoCompression),
-        )?;
+        let clients = &self.clients;
+        let writes = batches
+            .into_iter()
+            .filter(|(_, batch)| !batch.is_empty())
+            .map(|(key, batch)| async move {
+                clients[&key]
+                    .produce(batch, Compression::NoCompression)
+                    .await
+                    .map_err(|e| format!("writing to {}/{}: {e}", key.0, key.1))
+            });
+        self.kafka
+            .block_on("writing to Kafka", futures::future::try_join_all(writes))?;
         Ok(())
     }
 }
