@@ -255,10 +255,12 @@ fn chart_by_key(
     x_text: impl Fn(u64) -> String,
     scale: f64,
 ) -> Option<Chart> {
-    let columns: Vec<Vec<(u64, f64)>> = series
+    // A series without a value (a measurement not run, like those through Kafka) is left out.
+    let (series, columns): (Vec<&(&str, &str, &str)>, Vec<Vec<(u64, f64)>>) = series
         .iter()
-        .map(|(_, p, s)| keyed(entries, p, s))
-        .collect();
+        .map(|t| (t, keyed(entries, t.1, t.2)))
+        .filter(|(_, c)| !c.is_empty())
+        .unzip();
     let mut xs: Vec<u64> = columns.iter().flatten().map(|(x, _)| *x).collect();
     xs.sort_unstable();
     xs.dedup();
@@ -307,6 +309,8 @@ pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
         &[
             ("P50", "p50_ms_at_", "_rows_per_s"),
             ("P99", "p99_ms_at_", "_rows_per_s"),
+            ("P50 through Kafka", "p50_ms_at_", "_rows_per_s_kafka"),
+            ("P99 through Kafka", "p99_ms_at_", "_rows_per_s_kafka"),
         ],
         thousands,
         1.0,
@@ -324,6 +328,7 @@ pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
         "thousand rows/s",
         &[
             ("from Debezium JSON", "json_rows_per_s_", "_shards"),
+            ("from Kafka", "kafka_rows_per_s_", "_shards"),
             ("from encoded batches", "batches_rows_per_s_", "_shards"),
         ],
         |x| x.to_string(),
