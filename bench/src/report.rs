@@ -256,12 +256,14 @@ fn chart_by_key(
     scale: f64,
 ) -> Option<Chart> {
     // A series without a value (a measurement not run, like those through Kafka) is left out.
-    let (series, columns): (Vec<&(&str, &str, &str)>, Vec<Vec<(u64, f64)>>) = series
+    let kept: Vec<_> = series
         .iter()
-        .map(|t| (t, keyed(entries, t.1, t.2)))
+        .map(|t| (t.0, keyed(entries, t.1, t.2)))
         .filter(|(_, c)| !c.is_empty())
-        .unzip();
-    let mut xs: Vec<u64> = columns.iter().flatten().map(|(x, _)| *x).collect();
+        .collect();
+    let series: Vec<&str> = kept.iter().map(|(l, _)| *l).collect();
+    let columns: Vec<&Vec<(u64, f64)>> = kept.iter().map(|(_, c)| c).collect();
+    let mut xs: Vec<u64> = columns.iter().copied().flatten().map(|(x, _)| *x).collect();
     xs.sort_unstable();
     xs.dedup();
     if xs.is_empty() {
@@ -271,7 +273,7 @@ fn chart_by_key(
         title: title.into(),
         x_label: x_label.into(),
         y_label: y_label.into(),
-        series: series.iter().map(|(l, _, _)| (*l).to_owned()).collect(),
+        series: series.iter().map(|l| (*l).to_owned()).collect(),
         groups: xs
             .iter()
             .map(|&x| {
