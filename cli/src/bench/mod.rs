@@ -63,6 +63,11 @@ enum BenchCommand {
         /// Runs of each measurement; the median is reported.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// The lake: `s3://BUCKET/PREFIX` (each run under a prefix of its own below it; the S3
+        /// client is configured from the AWS_* environment, as for `retina serve`). Default: a
+        /// local lake in a temporary folder.
+        #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+        lake: Option<retina_node::lake::LakeSpec>,
     },
     /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
     /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
@@ -181,7 +186,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             warehouses,
             new_orders,
             runs,
-        } => replay::run(&shards, warehouses, new_orders, runs),
+            lake,
+        } => replay::run(
+            &shards,
+            warehouses,
+            new_orders,
+            runs,
+            lake.unwrap_or_default(),
+        ),
         BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,

@@ -1,6 +1,7 @@
 //! `retina bench replay`: replay throughput on the CH-benCHmark-shaped replay workload with each
 //! shard count, end to end from Debezium JSON (file source, parsing included), and from op
-//! batches encoded before the clock starts (the shards alone).
+//! batches encoded before the clock starts (the shards alone). `--lake s3://...` puts the lake
+//! in a bucket (each run under its own prefix) instead of a local folder.
 
 use std::io::BufWriter;
 use std::sync::Arc;
@@ -10,16 +11,38 @@ use anyhow::Context;
 use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
 use retina_bench::results::record;
 use retina_node::catalog::Catalog;
+use retina_node::lake::LakeSpec;
 use retina_node::settings::Settings;
 use retina_node::sink::run_sink;
 
-use crate::measure::{file_sink, local_node, median};
+use crate::measure::{file_sink, median, node_with_lake};
+
+/// `lake`, or for an S3 lake a prefix `run` below its own, so that every run starts empty.
+fn lake_for_run(lake: &LakeSpec, run: &str) -> LakeSpec {
+    match lake {
+        LakeSpec::S3 {
+            bucket,
+            prefix,
+            options,
+        } => LakeSpec::S3 {
+            bucket: bucket.clone(),
+            prefix: if prefix.is_empty() {
+                run.to_owned()
+            } else {
+                format!("{prefix}/{run}")
+            },
+            options: options.clone(),
+        },
+        other => other.clone(),
+    }
+}
 
 pub(super) fn run(
     shard_counts: &[u16],
     warehouses: i64,
     new_orders: usize,
     runs: usize,
+    lake: LakeSpec,
 ) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let txns = replay_workload(1, warehouses, new_orders);
@@ -36,6 +59,7 @@ pub(super) fn run(
         txns.len(),
         warehouses * retina_bench::ch::ITEMS
     );
+    println!("lake: {lake}");
     println!(
         "{:>7} {:>22} {:>22}",
         "shards", "JSON rows/s (median)", "batches rows/s (median)"
@@ -48,7 +72,14 @@ pub(super) fn run(
         let mut from_json = Vec::new();
         let mut from_batches = Vec::new();
         let start_node = |data: &std::path::Path| {
-            local_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
+            let run = data.file_name().expect("a run folder").to_string_lossy();
+            node_with_lake(
+                data.to_path_buf(),
+                lake_for_run(&lake, &run),
+                catalog.clone(),
+                settings.clone(),
+                false,
+            )
         };
         for run in 0..runs {
             // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
@@ -96,15 +127,17 @@ pub(super) fn run(
         }
         let (j, b) = (median(&mut from_json), median(&mut from_batches));
         println!("{shards:>7} {j:>22.0} {b:>22.0}");
+        // The local lake keeps the names earlier results have.
+        let on = if lake.is_remote() { "_s3_lake" } else { "" };
         let _ = record(
             "replay",
-            &format!("json_rows_per_s_{shards}_shards"),
+            &format!("json_rows_per_s_{shards}_shards{on}"),
             j,
             "rows/s",
         );
         let _ = record(
             "replay",
-            &format!("batches_rows_per_s_{shards}_shards"),
+            &format!("batches_rows_per_s_{shards}_shards{on}"),
             b,
             "rows/s",
         );
