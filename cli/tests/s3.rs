@@ -138,5 +138,11 @@ fn a_killed_node_resumes_from_the_bucket_on_a_new_data_dir_and_sql_reads_it() {
         "nothing went to a local lake"
     );
     second.kill().unwrap();
-    let _ = second.wait();
+    let out = second.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("recovering from checkpoint")
+            && log.contains("of the lake s3://cli-lake/node/"),
+        "the second node started from the lake's checkpoint: {log}"
+    );
 }
