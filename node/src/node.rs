@@ -113,6 +113,11 @@ impl Node {
         let store = lake.store.clone();
         let store_url = lake.url.clone();
         let mut persisted = StateFile::new(&options.data_dir).load()?;
+        datadir::check_lake(
+            &options.data_dir,
+            &options.lake.to_string(),
+            persisted.checkpoint.is_some(),
+        )?;
         recovery::adopt_lake_checkpoint(&options.data_dir, &lake, rt_ref, &mut persisted)?;
         datadir::check_catalog(
             &options.data_dir,

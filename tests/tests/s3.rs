@@ -310,6 +310,23 @@ fn failed_puts_are_retried_and_lose_nothing() {
     check_bank(&node, &moto, "lake-d", &model);
     let checkpoint = node.handle().status().checkpoint_id.load(Ordering::Acquire);
     node.shutdown();
+    // Its data directory is tied to that lake.
+    let err = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        lake: LakeSpec::Local,
+        catalog: Arc::new(Catalog::from_ddl(bank::DDL, "s3.sql").unwrap()),
+        settings: bank_settings(),
+        listen: None,
+        auth_token: None,
+        await_source: false,
+    })
+    .err()
+    .expect("another lake is refused")
+    .to_string();
+    assert!(
+        err.contains("was written with the lake s3://lake-d/d/"),
+        "{err}"
+    );
 
     // And the lake alone holds it all: a new machine recovers the final state.
     let node = start(
