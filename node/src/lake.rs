@@ -271,8 +271,18 @@ impl Lake {
                     )
                     .await
                 });
+                let no_key = std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+                    && !options
+                        .iter()
+                        .any(|(k, _)| k == "aws_access_key_id" || k == "access_key_id");
                 match listed {
                     Ok(Ok(_)) => {}
+                    Ok(Err(e)) if no_key => {
+                        return Err(err(format!(
+                            "it cannot be listed, and no credentials are set (no \
+                             AWS_ACCESS_KEY_ID, so the client asked instance metadata): {e}"
+                        )));
+                    }
                     Ok(Err(e)) => {
                         return Err(err(format!(
                             "it cannot be listed: {e} (is the bucket there, and are \
