@@ -17,6 +17,33 @@ use retina_node::sink::run_sink;
 
 use crate::measure::{file_sink, median, node_with_lake};
 
+/// Deletes what a run left in an S3 lake (a local lake goes with its data directory).
+fn clear_lake(lake: &LakeSpec) -> anyhow::Result<()> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let LakeSpec::S3 {
+        bucket,
+        prefix,
+        options,
+    } = lake
+    else {
+        return Ok(());
+    };
+    let store = retina_node::lake::s3_lake_store(bucket, prefix, options)
+        .map_err(|e| anyhow::anyhow!("the lake {lake}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let objects: Vec<_> = store.list(None).try_collect().await?;
+        for o in objects {
+            store.delete(&o.location).await?;
+        }
+        anyhow::Ok(())
+    })
+    .with_context(|| format!("clearing the lake {lake}"))
+}
+
 /// `lake`, or for an S3 lake a prefix `run` below its own, so that every run starts empty.
 fn lake_for_run(lake: &LakeSpec, run: &str) -> LakeSpec {
     match lake {
@@ -71,11 +98,16 @@ pub(super) fn run(
         };
         let mut from_json = Vec::new();
         let mut from_batches = Vec::new();
+        let run_lake = |data: &std::path::Path| {
+            lake_for_run(
+                &lake,
+                &data.file_name().expect("a run folder").to_string_lossy(),
+            )
+        };
         let start_node = |data: &std::path::Path| {
-            let run = data.file_name().expect("a run folder").to_string_lossy();
             node_with_lake(
                 data.to_path_buf(),
-                lake_for_run(&lake, &run),
+                run_lake(data),
                 catalog.clone(),
                 settings.clone(),
                 false,
@@ -101,6 +133,7 @@ pub(super) fn run(
             from_json.push(rows as f64 / start.elapsed().as_secs_f64());
             node.shutdown();
             std::fs::remove_dir_all(&data)?;
+            clear_lake(&run_lake(&data))?;
 
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.
             let data = dir.path().join(format!("batches-{shards}-{run}"));
@@ -124,6 +157,7 @@ pub(super) fn run(
             from_batches.push(rows as f64 / start.elapsed().as_secs_f64());
             node.shutdown();
             std::fs::remove_dir_all(&data)?;
+            clear_lake(&run_lake(&data))?;
         }
         let (j, b) = (median(&mut from_json), median(&mut from_batches));
         println!("{shards:>7} {j:>22.0} {b:>22.0}");
