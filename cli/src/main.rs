@@ -46,7 +46,7 @@ enum Command {
     /// HWM, freshness and memory, then CH queries through the SQL connector and a summary.
     Demo(demo::DemoArgs),
     /// Runs a node: replays a Debezium JSON source into Parquet until stopped (SIGTERM, Ctrl-C).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Runs one SQL statement against a running node, at one snapshot of all its tables.
     Sql(sql::SqlArgs),
     /// Measures a node on generated workloads (see bench/README.md).
@@ -72,7 +72,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Sql(args) => sql::run(args),
         Command::Bench(args) => bench::run(args),
     }

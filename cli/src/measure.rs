@@ -21,8 +21,20 @@ pub(crate) fn local_node(
     settings: Settings,
     listen: bool,
 ) -> Result<Node, retina_node::node::NodeError> {
+    node_with_lake(data_dir, Default::default(), catalog, settings, listen)
+}
+
+/// [`local_node`] with its lake at `lake`.
+pub(crate) fn node_with_lake(
+    data_dir: std::path::PathBuf,
+    lake: retina_node::lake::LakeSpec,
+    catalog: Arc<Catalog>,
+    settings: Settings,
+    listen: bool,
+) -> Result<Node, retina_node::node::NodeError> {
     Node::start(NodeOptions {
         data_dir,
+        lake,
         catalog,
         settings,
         listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),

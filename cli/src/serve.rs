@@ -23,9 +23,19 @@ enum Event {
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Where the node keeps its state and its lake (Parquet files under `lake/`).
+    /// Where the node keeps its state and, by default, its lake (Parquet files under
+    /// `lake/`).
     #[arg(long)]
     data_dir: PathBuf,
+    /// Where the lake goes: `s3://BUCKET/PREFIX` (default: DATA_DIR/lake on local disk). The
+    /// S3 client is configured from the standard environment: AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT (or AWS_ENDPOINT_URL) and
+    /// AWS_ALLOW_HTTP=true for a plain-HTTP endpoint. With an S3 lake every checkpoint is also
+    /// kept in the bucket (PREFIX/checkpoints/), so a node started elsewhere with an empty
+    /// --data-dir, the same --lake and the same source recovers from the newest one.
+    /// `retina sql` reads the lake with the same variables from its own environment.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+    lake: Option<retina_node::lake::LakeSpec>,
     /// SQL DDL of the tables to replay (`CREATE TABLE ... PRIMARY KEY (...)`). Declare time
     /// columns with the source's fractional-second precision: without the envelope schema an
     /// integer time is read in the unit it implies (`TIMESTAMP(0..3)`/`TIME(0..3)`:
@@ -96,6 +106,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let start = || {
         Node::start(NodeOptions {
             data_dir: args.data_dir.clone(),
+            lake: args.lake.clone().unwrap_or_default(),
             catalog: catalog.clone(),
             settings: settings.clone(),
             listen: Some(args.listen),
@@ -109,10 +120,11 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("coordinator service (Cap'n Proto) on {addr}");
     }
     tracing::info!(
-        "serving {} tables on {shards} shards from {}; data in {}",
+        "serving {} tables on {shards} shards from {}; data in {}, lake {}",
         catalog.tables().len(),
         args.source,
-        args.data_dir.display()
+        args.data_dir.display(),
+        args.lake.clone().unwrap_or_default()
     );
 
     // Stops the metrics server.

@@ -10,7 +10,9 @@ use retina_query::{Format, Retina, write_batches};
 pub struct SqlArgs {
     /// The statement, e.g. "SELECT count(*) FROM orderline".
     statement: String,
-    /// The node's coordinator service.
+    /// The node's coordinator service. A node whose lake is on S3 is read with this
+    /// process's AWS_* environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
+    /// AWS_ENDPOINT, AWS_ALLOW_HTTP).
     #[arg(long, default_value = "127.0.0.1:7400")]
     connect: SocketAddr,
     /// The node's auth token, if it has one.

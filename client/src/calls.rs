@@ -183,6 +183,9 @@ pub async fn plan(
 }
 
 /// Reads every row of `table` visible at a new query's snapshot, through the contract.
+/// `store` is the plan's store, rooted at its store URL; these calls run on glommio, so it
+/// must be one that any executor can poll (a local lake's). A lake on S3 is read through
+/// the DataFusion connector (`retina_query`), which runs on tokio.
 pub async fn read(
     coordinator: &coordinator::Client,
     token: &str,

@@ -72,6 +72,38 @@ pub fn check_catalog(dir: &Path, catalog: &Catalog, has_checkpoint: bool) -> Res
     }
 }
 
+/// The lake the data directory's checkpoints read (`DATA_DIR/lake.txt`: `DATA_DIR/lake` or
+/// `s3://BUCKET/PREFIX/`) must be the one the node starts with, once a checkpoint exists. A
+/// data directory from before `lake.txt` had a local lake.
+pub fn check_lake(dir: &Path, lake: &str, has_checkpoint: bool) -> Result<(), NodeError> {
+    let path = dir.join("lake.txt");
+    let before = match std::fs::read_to_string(&path) {
+        Ok(b) => Some(b.trim().to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            has_checkpoint.then(|| crate::lake::LakeSpec::Local.to_string())
+        }
+        Err(source) => return Err(NodeError::DataDir { path, source }),
+    };
+    match before {
+        Some(b) if b == lake => {
+            if path.exists() {
+                Ok(())
+            } else {
+                write_durably(&path, format!("{lake}\n").as_bytes())
+            }
+        }
+        Some(b) if has_checkpoint => Err(NodeError::Lake {
+            lake: lake.to_owned(),
+            reason: format!(
+                "{} was written with the lake {b} (its checkpoint reads that one): start with \
+                 that lake, or from an empty data directory",
+                dir.display()
+            ),
+        }),
+        _ => write_durably(&path, format!("{lake}\n").as_bytes()),
+    }
+}
+
 /// Replaces `path` with `bytes` with blocking calls: a temporary file, fsync, rename, fsync
 /// of the folder.
 pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {

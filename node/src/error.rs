@@ -37,4 +37,6 @@ pub enum NodeError {
          schema it was written with, or from an empty data directory"
     )]
     CatalogChanged { path: PathBuf, changes: String },
+    #[error("the lake {lake}: {reason}")]
+    Lake { lake: String, reason: String },
 }

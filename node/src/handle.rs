@@ -31,6 +31,8 @@ pub struct NodeHandle {
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) status: Arc<NodeStatus>,
     pub(crate) store: Arc<dyn ObjectStore>,
+    /// The I/O thread's runtime, on which reads of the store run (an S3 client needs one).
+    pub(crate) io_rt: tokio::runtime::Handle,
     /// Where the source resumes: the position of the checkpoint this run started from.
     pub(crate) resume: Option<SourceMark>,
     /// The sink's state recorded with that checkpoint (empty: none).
@@ -310,9 +312,12 @@ impl NodeHandle {
             })
             .map_err(|_| NodeError::Stopped)?;
             let snap = rx.recv().map_err(|_| NodeError::Stopped)??;
-            out.extend(futures::executor::block_on(
-                snap.read(self.store.as_ref(), Some(&projection)),
-            )?);
+            let store = self.store.clone();
+            let projection = projection.clone();
+            let read = self
+                .io_rt
+                .spawn(async move { snap.read(store.as_ref(), Some(&projection)).await });
+            out.extend(futures::executor::block_on(read).map_err(|_| NodeError::Stopped)??);
         }
         Ok(out)
     }

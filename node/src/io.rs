@@ -1,7 +1,10 @@
 //! The object-store I/O thread: flushes write-buffer blocks, combines them into files,
 //! rewrites files for storage GC and deletes retired objects, on a tokio runtime (object_store
-//! needs one). Shards send it [`IoRequest`]s on a bounded queue and hear back by message; at
-//! most [`IO_PARALLEL`] requests are in hand at once, so the queue bounds the work waiting.
+//! needs one, with its I/O and time drivers: the S3 client's sockets and retry backoff).
+//! Shards send it [`IoRequest`]s on a bounded queue and hear back by message; at most
+//! [`IO_PARALLEL`] requests are in hand at once, so the queue bounds the work waiting.
+//! Checkpoint uploads to a remote lake bypass the queue: they are spawned on the same runtime
+//! ([`crate::lake::put_on`]).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -56,17 +59,25 @@ impl IoRequest {
     }
 }
 
-/// The I/O thread's body: serves `rx` until every sender is gone.
+/// The runtime the I/O thread drives: current-thread, with I/O and timers enabled.
+pub fn io_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// The I/O thread's body: drives `rt` and serves `rx` until every sender is gone. `lake` is
+/// the lake's local folder, whose objects are fsynced; `None` for a remote lake, where a
+/// completed PUT is durable.
 pub fn io_main(
     rx: flume::Receiver<IoRequest>,
+    rt: tokio::runtime::Runtime,
     store: Arc<dyn ObjectStore>,
     config: retina_storage::StorageConfig,
-    lake: Arc<std::path::Path>,
+    lake: Option<Arc<std::path::Path>>,
     status: Arc<NodeStatus>,
 ) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a tokio runtime for object-store I/O");
+    let handle = rt.handle().clone();
     rt.block_on(async move {
         // A counting semaphore: a request takes a slot, and gives it back when done.
         let (take, give_back) = flume::bounded::<()>(IO_PARALLEL);
@@ -79,22 +90,36 @@ pub fn io_main(
             let config = config.clone();
             let lake = lake.clone();
             let status = status.clone();
+            let handle = handle.clone();
             let kind = req.kind() as usize;
             status.io_in_flight[kind].fetch_add(1, Ordering::Relaxed);
-            // Encoding Parquet is CPU work: keep it off the thread that polls I/O.
+            // Encoding Parquet is CPU work: keep it off the thread that polls I/O. The job's
+            // requests still need the runtime (its sockets and timers), which this thread
+            // drives while the job waits here.
             tokio::task::spawn_blocking(move || {
-                futures::executor::block_on(handle_io(req, store.as_ref(), &config, &lake));
+                handle.block_on(handle_io(req, store.as_ref(), &config, lake.as_deref()));
                 status.io_in_flight[kind].fetch_sub(1, Ordering::Relaxed);
                 let _ = give_back.try_recv();
             });
+        }
+        // Every job still in hand finishes while this thread drives their requests.
+        for _ in 0..IO_PARALLEL {
+            let _ = take.send_async(()).await;
         }
     });
 }
 
 /// Makes the local lake object at `path` durable: its data, and its entry in its folder (and
 /// the folders above it up to the lake, which the store may have just created). A checkpoint
-/// may refer to it once the shard hears it was written, and the checkpoint is fsynced.
-fn sync_object(lake: &std::path::Path, path: &object_store::path::Path) -> Result<(), String> {
+/// may refer to it once the shard hears it was written, and the checkpoint is fsynced. On a
+/// remote lake (`None`) a completed PUT is durable already.
+fn sync_object(
+    lake: Option<&std::path::Path>,
+    path: &object_store::path::Path,
+) -> Result<(), String> {
+    let Some(lake) = lake else {
+        return Ok(());
+    };
     let file = lake.join(path.as_ref());
     let err = |e: std::io::Error| format!("syncing {}: {e}", file.display());
     std::fs::File::open(&file)
@@ -115,7 +140,7 @@ async fn handle_io(
     req: IoRequest,
     store: &dyn ObjectStore,
     config: &retina_storage::StorageConfig,
-    lake: &std::path::Path,
+    lake: Option<&std::path::Path>,
 ) {
     match req {
         IoRequest::Flush {

@@ -9,6 +9,7 @@ pub mod durable;
 pub mod error;
 pub mod handle;
 pub mod io;
+pub mod lake;
 pub mod metrics;
 pub mod node;
 pub mod recovery;

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use retina_storage::file::local_store;
 use retina_storage::{Hwm, Shard, Timestamp};
 
 use crate::catalog::Catalog;
@@ -29,6 +28,7 @@ use crate::coordinator::{
     CoordMsg, CoordinatorState, SOURCE_STATE_FILE, StateFile, checkpoint_dir,
 };
 use crate::io::IoRequest;
+use crate::lake::{Lake, LakeSpec};
 use crate::settings::Settings;
 use crate::shard::{ShardActor, ShardMsg, ShardSetup, Watermarks};
 use crate::{datadir, recovery};
@@ -47,6 +47,9 @@ const EXECUTOR_IO_MEMORY: usize = 512 << 10;
 /// What the node needs to start.
 pub struct NodeOptions {
     pub data_dir: PathBuf,
+    /// Where the Parquet objects go: `DATA_DIR/lake` (the default) or an S3 bucket, which
+    /// then also keeps the checkpoints.
+    pub lake: LakeSpec,
     pub catalog: Arc<Catalog>,
     pub settings: Settings,
     /// Where the coordinator's Cap'n Proto service listens (port 0: any free port); `None`
@@ -57,6 +60,18 @@ pub struct NodeOptions {
     /// Queries wait for the sink's [`NodeHandle::caught_up`] before they begin (a sink reads
     /// the source); else only until HWM is back where it was persisted.
     pub await_source: bool,
+}
+
+/// The I/O runtime until the I/O thread takes it: a start that fails before drops it without
+/// blocking (dropping a runtime blocks, which panics inside another runtime's task).
+struct RuntimeGuard(Option<tokio::runtime::Runtime>);
+
+impl Drop for RuntimeGuard {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// A running node. Dropping it without [`Node::shutdown`] leaves its threads running.
@@ -85,11 +100,25 @@ impl Node {
             })?;
         let settings = &options.settings;
         let shards = settings.shard_count();
-        let lake = options.data_dir.join("lake");
-        let store = local_store(&lake)?;
-        let store_url = datadir::lake_url(&lake)?;
         let lock = datadir::lock_data_dir(&options.data_dir)?;
-        let persisted = StateFile::new(&options.data_dir).load()?;
+        // The I/O thread's runtime, built here: the start reads a remote lake on it first.
+        let rt = RuntimeGuard(Some(crate::io::io_runtime().map_err(|e| {
+            NodeError::Executor {
+                what: "the I/O runtime".into(),
+                reason: e.to_string(),
+            }
+        })?));
+        let rt_ref = rt.0.as_ref().expect("the runtime");
+        let lake = Lake::open(&options.lake, &options.data_dir, rt_ref)?;
+        let store = lake.store.clone();
+        let store_url = lake.url.clone();
+        let mut persisted = StateFile::new(&options.data_dir).load()?;
+        datadir::check_lake(
+            &options.data_dir,
+            &options.lake.to_string(),
+            persisted.checkpoint.is_some(),
+        )?;
+        recovery::adopt_lake_checkpoint(&options.data_dir, &lake, rt_ref, &mut persisted)?;
         datadir::check_catalog(
             &options.data_dir,
             &options.catalog,
@@ -101,6 +130,7 @@ impl Node {
             settings,
             &persisted,
             &lake,
+            rt_ref,
         )?;
         let resume_state: Arc<[u8]> = match persisted.checkpoint {
             Some(c) => {
@@ -135,19 +165,27 @@ impl Node {
                 c.source.line
             );
         }
-        let files = recovery::plan_files(&recovered, &options.catalog, &lake)?;
+        let files = recovery::plan_files(&recovered, &options.catalog, &lake, rt_ref)?;
         let mut recovered = recovered.into_iter();
+        let io_rt = rt_ref.handle().clone();
+        // Checkpoints go to a remote lake too, uploaded on the I/O thread's runtime.
+        let lake_checkpoints = lake.is_remote().then(|| crate::lake::LakeCheckpoints {
+            store: store.clone(),
+            rt: io_rt.clone(),
+        });
 
         // Object-store I/O thread.
         let (io_tx, io_rx) = flume::bounded::<IoRequest>(crate::io::IO_QUEUE);
         let io_thread = {
             let store = store.clone();
             let config = settings.storage();
-            let lake: Arc<std::path::Path> = lake.clone().into();
+            let local: Option<Arc<std::path::Path>> = lake.local.clone().map(Into::into);
             let status = status.clone();
+            let mut rt = rt;
+            let rt = rt.0.take().expect("the runtime");
             std::thread::Builder::new()
                 .name("retina-io".into())
-                .spawn(move || crate::io::io_main(io_rx, store, config, lake, status))
+                .spawn(move || crate::io::io_main(io_rx, rt, store, config, local, status))
                 .map_err(|e| NodeError::Executor {
                     what: "the I/O thread".into(),
                     reason: e.to_string(),
@@ -240,6 +278,7 @@ impl Node {
             let actor = CoordinatorActor::new(
                 CoordinatorState::new(shards, persisted, options.await_source).with_files(files),
                 options.data_dir.clone(),
+                lake_checkpoints.clone(),
                 status.clone(),
                 control_txs,
                 settings,
@@ -318,6 +357,7 @@ impl Node {
                 gc_interval: Duration::from_millis(settings.gc_interval_ms),
                 dead_fraction: settings.storage_gc_dead_fraction,
                 data_dir: options.data_dir.clone(),
+                lake_checkpoints: lake_checkpoints.clone(),
                 checkpoints: settings.checkpoint_interval_ms > 0,
                 watermarks,
                 scan_listener: scan_listeners[usize::from(id)],
@@ -342,6 +382,7 @@ impl Node {
                 catalog: options.catalog,
                 status,
                 store,
+                io_rt,
                 resume: persisted.checkpoint.map(|c| c.source),
                 resume_state,
                 decimal_handling: settings.decimal_handling,

@@ -1,17 +1,185 @@
 //! What a restart finds in the data directory, and what it keeps: the shards restored from the
 //! newest complete checkpoint, the lake objects it reads (and no others), and the scan plans'
 //! file lists rebuilt from it.
+//!
+//! With a remote lake, the lake holds every complete checkpoint too ([`crate::lake`]): a
+//! checkpoint there is complete once its record object exists, and the newest complete one
+//! is the one with the highest id. [`adopt_lake_checkpoint`] runs first: when the lake's
+//! newest checkpoint is newer than the data directory's (a new machine with an empty data
+//! directory, or a crash between the lake's record and the local state file), its images,
+//! source state and catalog are copied into the data directory and its record becomes the
+//! local one. Recovery then goes on as for a local lake.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use retina_storage::{Shard, TableId, TableSchema, Timestamp};
 
 use crate::catalog::Catalog;
-use crate::coordinator::{Persisted, PlanFile, PlanFiles, checkpoint_dir};
+use crate::coordinator::{
+    Persisted, PlanFile, PlanFiles, SOURCE_STATE_FILE, StateFile, checkpoint_dir,
+};
 use crate::error::NodeError;
+use crate::lake::{CATALOG_OBJECT, Lake, RECORD_OBJECT, checkpoint_object, delete_checkpoint};
 use crate::settings::Settings;
+
+/// The newest complete checkpoint in a remote lake (the highest id with a record object) and
+/// the persisted state its record holds.
+pub async fn newest_lake_checkpoint(
+    store: &dyn ObjectStore,
+    lake: &str,
+) -> Result<Option<Persisted>, NodeError> {
+    let err = |reason: String| NodeError::Lake {
+        lake: lake.to_owned(),
+        reason,
+    };
+    let mut ids = lake_checkpoint_ids(store).await.map_err(err)?;
+    ids.sort_unstable_by(|a, b| b.cmp(a));
+    for id in ids {
+        let path = checkpoint_object(id, RECORD_OBJECT);
+        let bytes = match store.get(&path).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map_err(|e| err(format!("reading {path}: {e}")))?,
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(err(format!("reading {path}: {e}"))),
+        };
+        let named = PathBuf::from(format!("{lake}{path}"));
+        let text = String::from_utf8(bytes.to_vec())
+            .map_err(|_| err(format!("{path} is not UTF-8 text")))?;
+        let p = StateFile::decode(&text, &named)?;
+        match p.checkpoint {
+            Some(c) if c.id == id => return Ok(Some(p)),
+            _ => {
+                return Err(err(format!(
+                    "{path} does not hold checkpoint {id}'s record"
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The ids of the checkpoint folders in the lake (complete or not).
+async fn lake_checkpoint_ids(store: &dyn ObjectStore) -> Result<Vec<u64>, String> {
+    let listed = store
+        .list_with_delimiter(Some(&ObjectPath::from("checkpoints")))
+        .await
+        .map_err(|e| format!("listing checkpoints/: {e}"))?;
+    Ok(listed
+        .common_prefixes
+        .iter()
+        .filter_map(|p| p.filename().and_then(|n| n.parse().ok()))
+        .collect())
+}
+
+/// Makes the data directory's checkpoint the lake's newest complete one when that is newer
+/// (see the module's notes); refuses a data directory whose checkpoint the lake does not hold
+/// (it was written with another lake). Local lakes: nothing to do.
+pub fn adopt_lake_checkpoint(
+    data_dir: &Path,
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
+    persisted: &mut Persisted,
+) -> Result<(), NodeError> {
+    if !lake.is_remote() {
+        return Ok(());
+    }
+    let err = |reason: String| NodeError::Lake {
+        lake: lake.url.clone(),
+        reason,
+    };
+    let store = lake.store.clone();
+    let url = lake.url.clone();
+    let in_lake = rt.block_on(async move { newest_lake_checkpoint(store.as_ref(), &url).await })?;
+    let local = persisted.checkpoint;
+    let newest = match (local, in_lake.and_then(|p| p.checkpoint.map(|c| (p, c)))) {
+        (None, None) => return Ok(()),
+        (Some(l), None) => {
+            return Err(err(format!(
+                "it holds no checkpoint, but {} has checkpoint {}: was the data directory                  written with another --lake?",
+                data_dir.display(),
+                l.id
+            )));
+        }
+        (Some(l), Some((_, c))) if l.id > c.id || (l.id == c.id && l != c) => {
+            return Err(err(format!(
+                "its newest checkpoint is {} ({:?}), but {} has checkpoint {} ({:?}): was                  the data directory written with another --lake?",
+                c.id,
+                c,
+                data_dir.display(),
+                l.id,
+                l
+            )));
+        }
+        (Some(l), Some((_, c))) if l.id == c.id => return Ok(()),
+        (_, Some(newest)) => newest,
+    };
+    let (lake_persisted, record) = newest;
+    tracing::info!(
+        "recovering from checkpoint {} of the lake {} (the data directory has {})",
+        record.id,
+        lake.url,
+        local.map_or("none".to_owned(), |l| format!("checkpoint {}", l.id))
+    );
+    let dir = checkpoint_dir(data_dir, record.id);
+    std::fs::create_dir_all(&dir).map_err(|source| NodeError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let mut names: Vec<String> = (0..record.shards)
+        .map(|n| format!("shard-{n}.ckpt"))
+        .collect();
+    names.push(SOURCE_STATE_FILE.to_owned());
+    for name in names {
+        let bytes = fetch(lake, rt, checkpoint_object(record.id, &name)).map_err(err)?;
+        if let Some(bytes) = bytes {
+            crate::datadir::write_durably(&dir.join(&name), &bytes)?;
+        }
+    }
+    // The catalog the checkpoint's images were laid out with: the start compares it with
+    // the one it was given.
+    if let Some(bytes) =
+        fetch(lake, rt, checkpoint_object(record.id, CATALOG_OBJECT)).map_err(err)?
+    {
+        crate::datadir::write_durably(&data_dir.join("catalog.txt"), &bytes)?;
+    }
+    let adopted = Persisted {
+        hwm: persisted.hwm.max(lake_persisted.hwm),
+        checkpoint: Some(record),
+    };
+    crate::datadir::write_durably(
+        &data_dir.join("coordinator.state"),
+        &StateFile::encode(&adopted),
+    )?;
+    *persisted = adopted;
+    Ok(())
+}
+
+/// The object at `path` of the lake (`None` if there is none), fetched on `rt`.
+fn fetch(
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
+    path: ObjectPath,
+) -> Result<Option<bytes::Bytes>, String> {
+    let store = lake.store.clone();
+    rt.block_on(async move {
+        match store.get(&path).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map(Some)
+                .map_err(|e| format!("reading {path}: {e}")),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(format!("reading {path}: {e}")),
+        }
+    })
+}
 
 /// What a restart finds in the data directory: each shard restored from the newest complete
 /// checkpoint (none without one), every lake object that checkpoint does not read removed
@@ -22,7 +190,8 @@ pub fn recover(
     catalog: &Catalog,
     settings: &Settings,
     persisted: &Persisted,
-    lake: &Path,
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
 ) -> Result<Vec<Shard>, NodeError> {
     let shards = settings.shard_count();
     let mut restored = Vec::new();
@@ -57,18 +226,33 @@ pub fn recover(
             restored.push(shard);
         }
     }
-    let keep: HashSet<PathBuf> = restored
-        .iter()
-        .flat_map(|s| s.objects())
-        .map(|p| lake.join(p.as_ref()))
-        .collect();
     let mut removed = 0usize;
-    remove_unreferenced(&lake.join("tables"), &keep, &mut removed).map_err(|source| {
-        NodeError::DataDir {
-            path: lake.to_owned(),
-            source,
+    match &lake.local {
+        Some(dir) => {
+            let keep: HashSet<PathBuf> = restored
+                .iter()
+                .flat_map(|s| s.objects())
+                .map(|p| dir.join(p.as_ref()))
+                .collect();
+            remove_unreferenced(&dir.join("tables"), &keep, &mut removed).map_err(|source| {
+                NodeError::DataDir {
+                    path: dir.to_owned(),
+                    source,
+                }
+            })?;
         }
-    })?;
+        None => {
+            let keep: HashSet<ObjectPath> = restored.iter().flat_map(|s| s.objects()).collect();
+            let store = lake.store.clone();
+            let current = persisted.checkpoint.map(|c| c.id);
+            removed = rt
+                .block_on(async move { clean_remote_lake(store.as_ref(), &keep, current).await })
+                .map_err(|reason| NodeError::Lake {
+                    lake: lake.url.clone(),
+                    reason,
+                })?;
+        }
+    }
     if removed > 0 {
         tracing::info!("removed {removed} lake objects no checkpoint refers to");
     }
@@ -89,6 +273,36 @@ pub fn recover(
         }
     }
     Ok(restored)
+}
+
+/// In a remote lake, deletes every object under `tables/` that is not in `keep`, and every
+/// checkpoint but `current` (incomplete ones, and older ones a crash left). Returns how many
+/// table objects went.
+async fn clean_remote_lake(
+    store: &dyn ObjectStore,
+    keep: &HashSet<ObjectPath>,
+    current: Option<u64>,
+) -> Result<usize, String> {
+    let objects: Vec<_> = store
+        .list(Some(&ObjectPath::from("tables")))
+        .try_collect()
+        .await
+        .map_err(|e| format!("listing tables/: {e}"))?;
+    let mut removed = 0;
+    for o in objects {
+        if !keep.contains(&o.location) {
+            match store.delete(&o.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
+                Err(e) => return Err(format!("deleting {}: {e}", o.location)),
+            }
+        }
+    }
+    for id in lake_checkpoint_ids(store).await? {
+        if Some(id) != current {
+            delete_checkpoint(store, id).await?;
+        }
+    }
+    Ok(removed)
 }
 
 fn remove_unreferenced(
@@ -118,7 +332,8 @@ fn remove_unreferenced(
 pub fn plan_files(
     recovered: &[Shard],
     catalog: &Catalog,
-    lake: &Path,
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
 ) -> Result<PlanFiles, NodeError> {
     let mut files = PlanFiles::default();
     for shard in recovered {
@@ -126,12 +341,7 @@ pub fn plan_files(
             let schema = catalog.get(t).expect("a catalog table");
             for (file, row_groups) in shard.regular_files(t)? {
                 let path = retina_storage::buffer::file_path(schema.name(), file);
-                let bytes = std::fs::metadata(lake.join(path.as_ref()))
-                    .map(|m| m.len())
-                    .map_err(|source| NodeError::DataDir {
-                        path: lake.join(path.as_ref()),
-                        source,
-                    })?;
+                let bytes = object_size(lake, rt, &path)?;
                 files.add(
                     t,
                     PlanFile {
@@ -148,4 +358,31 @@ pub fn plan_files(
         }
     }
     Ok(files)
+}
+
+/// The size of the lake object at `path`: from the file system for a local lake, else a HEAD
+/// request.
+fn object_size(
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
+    path: &ObjectPath,
+) -> Result<u64, NodeError> {
+    match &lake.local {
+        Some(dir) => std::fs::metadata(dir.join(path.as_ref()))
+            .map(|m| m.len())
+            .map_err(|source| NodeError::DataDir {
+                path: dir.join(path.as_ref()),
+                source,
+            }),
+        None => {
+            let store = lake.store.clone();
+            let p = path.clone();
+            rt.block_on(async move { store.head(&p).await })
+                .map(|m| m.size)
+                .map_err(|e| NodeError::Lake {
+                    lake: lake.url.clone(),
+                    reason: format!("{path}, which checkpoint reads: {e}"),
+                })
+        }
+    }
 }

@@ -28,6 +28,7 @@ const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v BIGINT);";
 fn start(dir: &std::path::Path) -> Node {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
         settings: Settings {
             shards: 2,

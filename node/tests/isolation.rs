@@ -33,6 +33,7 @@ type State = (BTreeMap<i64, i64>, Vec<(i64, i64, i64, i64)>);
 fn start(dir: &std::path::Path) -> Node {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings: Settings {
             shards: 2,

@@ -21,6 +21,7 @@ const DDL: &str = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT NOT NULL);";
 fn start(dir: &std::path::Path) -> Node {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
         settings: Settings {
             shards: 2,
@@ -154,6 +155,7 @@ fn a_restart_redoes_after_the_checkpoint_with_the_same_timestamps() {
 fn start_with(dir: &std::path::Path, ddl: &str, query_wait_ms: u64) -> Result<Node, String> {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(ddl, "t.sql").unwrap()),
         settings: Settings {
             shards: 2,

@@ -21,6 +21,7 @@ const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v DECIMAL(8,2));
 fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Result<Node, String> {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
         settings: Settings {
             shards: 2,
@@ -182,6 +183,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(NodeOptions {
         data_dir: dir.path().join("data"),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
         settings: Settings {
             shards: 2,
@@ -351,6 +353,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(NodeOptions {
         data_dir: dir.path().join("data"),
+        lake: Default::default(),
         catalog: Arc::new(
             Catalog::from_ddl(
                 "CREATE TABLE public.w (id INT PRIMARY KEY, body TEXT);",

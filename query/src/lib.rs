@@ -34,14 +34,50 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::error::DataFusionError;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::Stream;
+use object_store::ObjectStore;
 use retina_client::{ClientError, Connection, QueryInfo, Refusal};
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
 pub use table::{RetinaTable, Visibility};
+
+/// An S3 client of `bucket` as a reader of a node's lake builds it: the standard AWS
+/// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT` or
+/// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, ...), then `options` (`object_store`'s
+/// `AmazonS3ConfigKey` names, e.g. `aws_endpoint`), retrying throttling, 5xx and connection
+/// errors with backoff. A scan registers one from the environment alone for a lake on S3
+/// unless the session's runtime already has a store for that bucket; register this one there
+/// (`SessionContext::register_object_store`) to read with other settings.
+pub fn s3_store(
+    bucket: &str,
+    options: &[(String, String)],
+) -> Result<object_store::aws::AmazonS3, String> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use std::time::Duration;
+    let retry = object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(15),
+            base: 2.0,
+        },
+        max_retries: 10,
+        retry_timeout: Duration::from_secs(120),
+    };
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry);
+    for (k, v) in options {
+        let key: AmazonS3ConfigKey = k.parse().map_err(|_| format!("unknown S3 setting `{k}`"))?;
+        builder = builder.with_config(key, v);
+    }
+    builder
+        .build()
+        .map_err(|e| format!("the S3 client of bucket `{bucket}`: {e}"))
+}
 
 /// A query begun at the coordinator and not yet ended: its id, snapshot and secret. The
 /// connection renews its lease while it runs; dropping it ends the query.
@@ -86,6 +122,9 @@ impl Drop for RunningQuery {
 pub struct Retina {
     conn: Connection,
     config: SessionConfig,
+    /// The runtime every session shares: its object stores (the lake's S3 client, once a
+    /// scan registered it) live as long as the connection.
+    runtime: Arc<RuntimeEnv>,
 }
 
 impl Retina {
@@ -94,7 +133,15 @@ impl Retina {
         Ok(Retina {
             conn: Connection::connect(addr, token)?,
             config: SessionConfig::new().with_information_schema(true),
+            runtime: Arc::new(RuntimeEnv::default()),
         })
+    }
+
+    /// Reads the lake at `url` (`s3://BUCKET`) through `store` rather than an S3 client built
+    /// from this process's environment (see [`s3_store`]).
+    pub fn with_object_store(self, url: &url::Url, store: Arc<dyn ObjectStore>) -> Retina {
+        self.runtime.register_object_store(url, store);
+        self
     }
 
     /// The DataFusion configuration of the sessions [`Self::begin`] makes.
@@ -125,7 +172,7 @@ impl Retina {
             conn: self.conn.clone(),
             info,
         });
-        let ctx = SessionContext::new_with_config(self.config.clone());
+        let ctx = SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone());
         for t in tables {
             let name = t.schema.name().to_owned();
             // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.

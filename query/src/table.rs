@@ -124,6 +124,7 @@ impl TableProvider for RetinaTable {
         };
         let out_schema = Arc::new(self.schema.project(&projection)?);
         let (url, prefix) = split_store_url(&plan.store_url)?;
+        register_store(state, &url)?;
         let check = self.visibility == Visibility::Check;
 
         // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
@@ -685,6 +686,30 @@ fn with_schema(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         batch.columns().to_vec(),
         &options,
     )?)
+}
+
+/// Makes sure the session can read the store at `url`: `file://` is always there; an
+/// `s3://BUCKET` store not registered yet (by the application, say with
+/// [`crate::s3_store`]) is built from this process's environment (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, ...) and
+/// registered in the session's runtime. DataFusion reads its Parquet with range requests.
+fn register_store(state: &dyn Session, url: &ObjectStoreUrl) -> Result<()> {
+    let runtime = state.runtime_env();
+    if runtime.object_store(url).is_ok() {
+        return Ok(());
+    }
+    let parsed: &url::Url = url.as_ref();
+    if parsed.scheme() != "s3" {
+        return Err(DataFusionError::Plan(format!(
+            "the node's lake is at {url}, which this client cannot read (only file:// and \
+             s3:// are supported)"
+        )));
+    }
+    let bucket = parsed.host_str().unwrap_or_default();
+    let store = crate::s3_store(bucket, &[])
+        .map_err(|e| DataFusionError::Plan(format!("the node's lake is at {url}: {e}")))?;
+    runtime.register_object_store(parsed, Arc::new(store));
+    Ok(())
 }
 
 /// `file:///dir/` → (`file://`, `dir/`); `s3://bucket/prefix/` → (`s3://bucket`, `prefix/`).

@@ -329,8 +329,7 @@ pub async fn flush_block(
         std::slice::from_ref(&job.batch),
         block_writer_properties(config),
     )?;
-    store.put(&job.path, PutPayload::from(bytes)).await?;
-    Ok(())
+    put_object(store, &job.path, bytes).await
 }
 
 /// Combines a full virtual file's flushed blocks into one regular Parquet file at the job's
@@ -367,7 +366,7 @@ pub async fn combine_blocks(
         });
     }
     let size = bytes.len() as u64;
-    store.put(&job.target, PutPayload::from(bytes)).await?;
+    put_object(store, &job.target, bytes).await?;
     Ok(CombinedFile {
         groups,
         bytes: size,
@@ -455,11 +454,65 @@ pub async fn rewrite_file(
         });
     }
     let size = out.len() as u64;
-    store.put(&job.target, PutPayload::from(out)).await?;
+    put_object(store, &job.target, out).await?;
     Ok(CombinedFile {
         groups,
         bytes: size,
     })
+}
+
+/// Objects larger than this go up in parts (S3 multipart upload) of [`MULTIPART_PART`] bytes.
+pub const MULTIPART_THRESHOLD: usize = 16 << 20;
+/// The part size of a multipart upload (S3's minimum is 5 MiB, all but the last part).
+pub const MULTIPART_PART: usize = 8 << 20;
+/// Parts of one object uploaded at once.
+const MULTIPART_PARALLEL: usize = 4;
+
+/// Writes `bytes` as the object at `path`: one PUT up to [`MULTIPART_THRESHOLD`], else a
+/// multipart upload, aborted if any part fails. Either way the object appears whole or not
+/// at all. Needs no particular async runtime beyond the store's own.
+pub async fn put_object(store: &dyn ObjectStore, path: &Path, bytes: Bytes) -> Result<()> {
+    put_object_with(store, path, bytes, MULTIPART_THRESHOLD, MULTIPART_PART).await
+}
+
+/// [`put_object`] with its threshold and part size (tests use small ones).
+pub async fn put_object_with(
+    store: &dyn ObjectStore,
+    path: &Path,
+    bytes: Bytes,
+    threshold: usize,
+    part: usize,
+) -> Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    if bytes.len() <= threshold {
+        store.put(path, PutPayload::from(bytes)).await?;
+        return Ok(());
+    }
+    let mut upload = store.put_multipart(path).await?;
+    // Each part's number is fixed when it is asked for, so they may finish in any order.
+    let parts: Vec<_> = (0..bytes.len())
+        .step_by(part)
+        .map(|at| {
+            upload.put_part(PutPayload::from(
+                bytes.slice(at..(at + part).min(bytes.len())),
+            ))
+        })
+        .collect();
+    let sent = futures::stream::iter(parts)
+        .buffer_unordered(MULTIPART_PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await;
+    let done = match sent {
+        Ok(_) => upload.complete().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = done {
+        if let Err(abort) = upload.abort().await {
+            tracing::warn!("aborting the multipart upload of {path}: {abort}");
+        }
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// Reads a whole object.
@@ -483,6 +536,30 @@ pub fn local_store(dir: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_objects_go_up_in_parts_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = local_store(dir.path()).unwrap();
+        let bytes = Bytes::from((0..100u8).collect::<Vec<u8>>());
+        let path = Path::from("tables/t/1.parquet");
+        futures::executor::block_on(put_object_with(store.as_ref(), &path, bytes.clone(), 10, 7))
+            .unwrap();
+        assert_eq!(
+            futures::executor::block_on(get(store.as_ref(), &path)).unwrap(),
+            bytes
+        );
+        // A store that refuses writes leaves no object behind.
+        let faulty = crate::fault::FaultyStore::new(store.clone());
+        faulty
+            .fail_writes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let other = Path::from("tables/t/2.parquet");
+        assert!(
+            futures::executor::block_on(put_object_with(&faulty, &other, bytes, 10, 7)).is_err()
+        );
+        assert!(futures::executor::block_on(get(store.as_ref(), &other)).is_err());
+    }
 
     #[test]
     fn selectors_follow_the_bitmap() {

@@ -1,7 +1,9 @@
 //! Retina's end-to-end, model-based and interoperability tests live in `tests/`; this library
 //! holds what they share.
 
+pub mod bank;
 pub mod cdc;
+pub mod s3;
 
 use std::process::Command;
 

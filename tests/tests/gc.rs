@@ -46,6 +46,7 @@ async fn read(session: &QuerySession) -> Vec<Vec<i64>> {
 fn start(data: &Path) -> Node {
     Node::start(NodeOptions {
         data_dir: data.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "t.sql").unwrap()),
         settings: Settings {
             long_query_ms: 300,

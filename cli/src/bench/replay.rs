@@ -1,7 +1,8 @@
 //! `retina bench replay`: replay throughput on the CH-benCHmark-shaped replay workload with each
 //! shard count, end to end from Debezium JSON (file source, parsing included), the same JSON
 //! from a Kafka broker on loopback (`--kafka`), and from op batches encoded before the clock
-//! starts (the shards alone).
+//! starts (the shards alone). `--lake s3://...` puts the lake in a bucket (each run under its
+//! own prefix) instead of a local folder.
 
 use std::io::BufWriter;
 use std::sync::Arc;
@@ -11,11 +12,59 @@ use anyhow::Context;
 use retina_bench::ch::{REPLAY_DDL, replay_workload, write_debezium};
 use retina_bench::results::record;
 use retina_node::catalog::Catalog;
+use retina_node::lake::LakeSpec;
 use retina_node::settings::Settings;
 use retina_node::sink::kafka::{KafkaSpec, produce_lines};
 use retina_node::sink::{SourceSpec, run_sink};
 
-use crate::measure::{file_sink, local_node, median};
+use crate::measure::{file_sink, median, node_with_lake};
+
+/// Deletes what a run left in an S3 lake (a local lake goes with its data directory).
+fn clear_lake(lake: &LakeSpec) -> anyhow::Result<()> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let LakeSpec::S3 {
+        bucket,
+        prefix,
+        options,
+    } = lake
+    else {
+        return Ok(());
+    };
+    let store = retina_node::lake::s3_lake_store(bucket, prefix, options)
+        .map_err(|e| anyhow::anyhow!("the lake {lake}: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let objects: Vec<_> = store.list(None).try_collect().await?;
+        for o in objects {
+            store.delete(&o.location).await?;
+        }
+        anyhow::Ok(())
+    })
+    .with_context(|| format!("clearing the lake {lake}"))
+}
+
+/// `lake`, or for an S3 lake a prefix `run` below its own, so that every run starts empty.
+fn lake_for_run(lake: &LakeSpec, run: &str) -> LakeSpec {
+    match lake {
+        LakeSpec::S3 {
+            bucket,
+            prefix,
+            options,
+        } => LakeSpec::S3 {
+            bucket: bucket.clone(),
+            prefix: if prefix.is_empty() {
+                run.to_owned()
+            } else {
+                format!("{prefix}/{run}")
+            },
+            options: options.clone(),
+        },
+        other => other.clone(),
+    }
+}
 
 pub(super) fn run(
     shard_counts: &[u16],
@@ -23,6 +72,7 @@ pub(super) fn run(
     new_orders: usize,
     runs: usize,
     kafka: bool,
+    lake: LakeSpec,
 ) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "replay workload")?);
     let txns = replay_workload(1, warehouses, new_orders);
@@ -63,6 +113,7 @@ pub(super) fn run(
         }
         None => None,
     };
+    println!("lake: {lake}");
     println!(
         "{:>7} {:>22} {:>22} {:>22}",
         "shards", "JSON rows/s (median)", "Kafka rows/s (median)", "batches rows/s (median)"
@@ -75,8 +126,20 @@ pub(super) fn run(
         let mut from_json = Vec::new();
         let mut from_kafka = Vec::new();
         let mut from_batches = Vec::new();
+        let run_lake = |data: &std::path::Path| {
+            lake_for_run(
+                &lake,
+                &data.file_name().expect("a run folder").to_string_lossy(),
+            )
+        };
         let start_node = |data: &std::path::Path| {
-            local_node(data.to_path_buf(), catalog.clone(), settings.clone(), false)
+            node_with_lake(
+                data.to_path_buf(),
+                run_lake(data),
+                catalog.clone(),
+                settings.clone(),
+                false,
+            )
         };
         for run in 0..runs {
             // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
@@ -98,6 +161,7 @@ pub(super) fn run(
             from_json.push(rows as f64 / start.elapsed().as_secs_f64());
             node.shutdown();
             std::fs::remove_dir_all(&data)?;
+            clear_lake(&run_lake(&data))?;
 
             // The same JSON from Kafka: fetching and rebuilding transactions across partitions.
             if let Some(source) = &kafka_source {
@@ -126,6 +190,7 @@ pub(super) fn run(
                 from_kafka.push(rows as f64 / start.elapsed().as_secs_f64());
                 node.shutdown();
                 std::fs::remove_dir_all(&data)?;
+                clear_lake(&run_lake(&data))?;
             }
 
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.
@@ -150,28 +215,31 @@ pub(super) fn run(
             from_batches.push(rows as f64 / start.elapsed().as_secs_f64());
             node.shutdown();
             std::fs::remove_dir_all(&data)?;
+            clear_lake(&run_lake(&data))?;
         }
         let (j, b) = (median(&mut from_json), median(&mut from_batches));
+        // The local lake keeps the names earlier results have.
+        let on = if lake.is_remote() { "_s3_lake" } else { "" };
         let k = (!from_kafka.is_empty()).then(|| median(&mut from_kafka));
         let shown = k.map_or("-".to_owned(), |k| format!("{k:.0}"));
         println!("{shards:>7} {j:>22.0} {shown:>22} {b:>22.0}");
         if let Some(k) = k {
             let _ = record(
                 "replay",
-                &format!("kafka_rows_per_s_{shards}_shards"),
+                &format!("kafka_rows_per_s_{shards}_shards{on}"),
                 k,
                 "rows/s",
             );
         }
         let _ = record(
             "replay",
-            &format!("json_rows_per_s_{shards}_shards"),
+            &format!("json_rows_per_s_{shards}_shards{on}"),
             j,
             "rows/s",
         );
         let _ = record(
             "replay",
-            &format!("batches_rows_per_s_{shards}_shards"),
+            &format!("batches_rows_per_s_{shards}_shards{on}"),
             b,
             "rows/s",
         );

@@ -22,6 +22,7 @@ use super::query::{
     LOCAL, MAX_QUERIES_PER_CONNECTION, MAX_RUNNING_QUERIES, Owner, QueryId, QueryTicket,
 };
 use super::state::CoordinatorState;
+use crate::lake::{CATALOG_OBJECT, LakeCheckpoints, RECORD_OBJECT};
 use crate::settings::Settings;
 use crate::shard::{ShardMsg, Watermarks};
 use crate::status::NodeStatus;
@@ -46,6 +47,11 @@ pub struct CoordinatorActor {
     state: CoordinatorState,
     file: StateFile,
     data_dir: PathBuf,
+    /// A remote lake, which receives a copy of every checkpoint (`None`: a local lake).
+    lake: Option<LakeCheckpoints>,
+    /// Checkpoints that failed: their folders (and objects in a remote lake) go once a later
+    /// one completes, when no shard can still be writing into them.
+    abandoned: Vec<u64>,
     status: Arc<NodeStatus>,
     /// Every shard's control queue.
     shards: Vec<flume::Sender<ShardMsg>>,
@@ -72,6 +78,7 @@ impl CoordinatorActor {
     pub fn new(
         state: CoordinatorState,
         data_dir: PathBuf,
+        lake: Option<LakeCheckpoints>,
         status: Arc<NodeStatus>,
         shards: Vec<flume::Sender<ShardMsg>>,
         settings: &Settings,
@@ -86,6 +93,8 @@ impl CoordinatorActor {
             state,
             file: StateFile::new(&data_dir),
             data_dir,
+            lake,
+            abandoned: Vec::new(),
             status,
             shards,
             lease_ms: settings.query_lease_ms,
@@ -235,23 +244,52 @@ impl CoordinatorActor {
 
     async fn on_checkpoint_done(&mut self, id: u64, shard: u16, ok: bool) {
         let Some(record) = self.state.checkpoint_done(id, shard, ok) else {
-            if !ok {
-                let _ = std::fs::remove_dir_all(checkpoint_dir(&self.data_dir, id));
+            // Other shards may still be writing their images of it: its folder goes once a
+            // later checkpoint completes.
+            if !ok && !self.abandoned.contains(&id) {
+                self.abandoned.push(id);
             }
             return;
         };
-        // The commit point: from here on a restart starts from this checkpoint.
         let p = self.state.persisted_with(record);
+        // A remote lake gets the checkpoint's record last, after every image (the shards
+        // uploaded theirs before confirming): from then on a node on any machine may start
+        // from it, so it is complete before the local record, and only a complete checkpoint
+        // lets the shards delete what older ones read.
+        if let Some(lake) = &self.lake
+            && let Err(e) = self.upload_checkpoint(lake, &p).await
+        {
+            tracing::warn!(
+                "checkpoint {} not uploaded to the lake, so it does not complete (the next \
+                 one tries again): {e}",
+                record.id
+            );
+            self.state.checkpoint_done(record.id, 0, false);
+            self.abandoned.push(record.id);
+            return;
+        }
+        // The commit point: from here on a restart starts from this checkpoint.
         if !self.persist(p).await {
             return;
         }
         let replaced = self.state.checkpoint_recorded(record);
-        // The checkpoint it replaced goes before the new one is published, so that a
-        // published checkpoint is the only one on disk.
-        if let Some(old) = replaced {
-            let dir = checkpoint_dir(&self.data_dir, old.id);
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
+        // The checkpoint it replaced (and any that failed since) goes before the new one is
+        // published, so that a published checkpoint is the only one on disk (and in a remote
+        // lake). Every shard confirmed this one, so none is still writing an older one.
+        let old = replaced.map(|c| c.id).into_iter();
+        for id in old.chain(std::mem::take(&mut self.abandoned)) {
+            let dir = checkpoint_dir(&self.data_dir, id);
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
                 tracing::warn!("removing {}: {e}", dir.display());
+            }
+            if let Some(lake) = &self.lake
+                && let Err(e) = lake.delete(id).await
+            {
+                // Harmless: a newer complete checkpoint is there, and the next start
+                // deletes every other one.
+                tracing::warn!("deleting checkpoint {id} from the lake: {e}");
             }
         }
         self.status
@@ -263,6 +301,22 @@ impl CoordinatorActor {
         // Objects only the replaced checkpoint read may go now.
         self.send_watermarks();
         tracing::debug!("checkpoint {} at {} is complete", record.id, record.ts);
+    }
+
+    /// Puts checkpoint `p`'s source state and catalog in the lake, then its record.
+    async fn upload_checkpoint(&self, lake: &LakeCheckpoints, p: &Persisted) -> Result<(), String> {
+        let record = p.checkpoint.expect("a checkpoint to upload");
+        let dir = checkpoint_dir(&self.data_dir, record.id);
+        let read = |path: PathBuf| {
+            std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))
+        };
+        let source_state = read(dir.join(SOURCE_STATE_FILE))?;
+        let catalog = read(self.data_dir.join("catalog.txt"))?;
+        lake.put(record.id, SOURCE_STATE_FILE, source_state.into())
+            .await?;
+        lake.put(record.id, CATALOG_OBJECT, catalog.into()).await?;
+        lake.put(record.id, RECORD_OBJECT, StateFile::encode(p).into())
+            .await
     }
 
     fn on_begin_query(&mut self, owner: Owner, reply: BeginReply) {

@@ -83,8 +83,14 @@ impl StateFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Persisted::default()),
             Err(e) => return Err(self.io(e)),
         };
+        Self::decode(&text, &self.path)
+    }
+
+    /// Reads [`Self::encode`]'s text; `path` names where it came from in errors (the state
+    /// file, or a checkpoint's record object in the lake).
+    pub fn decode(text: &str, path: &Path) -> Result<Persisted, CoordinatorError> {
         let corrupt = |reason: String| CoordinatorError::Corrupt {
-            path: self.path.clone(),
+            path: path.to_owned(),
             reason,
         };
         let mut values = BTreeMap::new();

@@ -54,6 +54,10 @@ pub struct CoordinatorState {
     next_query: QueryId,
     checkpoint: Option<CheckpointRecord>,
     pending_checkpoint: Option<PendingCheckpoint>,
+    /// The id of the newest checkpoint begun, complete or not: a checkpoint that failed
+    /// leaves its id behind, so that a late confirmation of it (or an upload of its image)
+    /// can never be taken for the next one's.
+    last_begun: u64,
     /// Ended queries whose visibility checkpoints the shards may hold: to be dropped.
     vis_to_drop: Vec<QueryId>,
     /// Queries begin once HWM passes this; `None` while the sink has not said how far the
@@ -83,6 +87,7 @@ impl CoordinatorState {
             next_query: 1,
             checkpoint: persisted.checkpoint,
             pending_checkpoint: None,
+            last_begun: persisted.checkpoint.map_or(0, |c| c.id),
             vis_to_drop: Vec::new(),
             ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
             replay_stopped: false,
@@ -270,8 +275,9 @@ impl CoordinatorState {
             // Nothing new since the last one.
             return None;
         }
+        self.last_begun += 1;
         let record = CheckpointRecord {
-            id: self.checkpoint.map_or(0, |c| c.id) + 1,
+            id: self.last_begun,
             ts,
             shards: self.applied.len() as u16,
             source,

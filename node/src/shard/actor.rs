@@ -22,6 +22,7 @@ use super::vis_checkpoint::VisCheckpoints;
 use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
 use crate::io::IoRequest;
+use crate::lake::LakeCheckpoints;
 use crate::status::NodeStatus;
 
 /// What a shard needs from the node that starts it (sent to its executor's thread).
@@ -41,6 +42,8 @@ pub struct ShardSetup {
     pub dead_fraction: f64,
     /// Where checkpoint images go, and whether the node takes checkpoints at all.
     pub data_dir: PathBuf,
+    /// A remote lake, which receives a copy of every image (`None`: a local lake).
+    pub lake_checkpoints: Option<LakeCheckpoints>,
     pub checkpoints: bool,
     /// The watermarks the node starts with.
     pub watermarks: Watermarks,
@@ -58,6 +61,7 @@ pub struct ShardActor {
     own: flume::Sender<ShardMsg>,
     dead_fraction: f64,
     data_dir: PathBuf,
+    lake_checkpoints: Option<LakeCheckpoints>,
     checkpoints: bool,
     watermarks: Watermarks,
     vis: VisCheckpoints,
@@ -122,6 +126,7 @@ impl ShardActor {
             dead_fraction: setup.dead_fraction,
             vis: VisCheckpoints::new(&setup.data_dir, setup.id),
             data_dir: setup.data_dir,
+            lake_checkpoints: setup.lake_checkpoints,
             checkpoints: setup.checkpoints,
             watermarks: setup.watermarks,
             queries,
@@ -494,19 +499,31 @@ impl ShardActor {
                 return false;
             }
         };
-        match crate::durable::write_file(&path, &bytes).await {
-            Ok(()) => true,
-            Err(e) => {
-                let error = format!(
-                    "shard {}: writing {}: {e}; the node stops rather than trust a partial \
-                     checkpoint",
-                    self.id,
-                    path.display()
+        if let Err(e) = crate::durable::write_file(&path, &bytes).await {
+            let error = format!(
+                "shard {}: writing {}: {e}; the node stops rather than trust a partial \
+                 checkpoint",
+                self.id,
+                path.display()
+            );
+            self.fail_node(error).await;
+            return false;
+        }
+        // A remote lake keeps a copy, for a node on another machine. An upload that fails
+        // (after the store's retries) fails only this checkpoint: the next one tries again,
+        // and until one completes nothing the previous one reads is deleted.
+        if let Some(lake) = &self.lake_checkpoints {
+            let name = format!("shard-{}.ckpt", self.id);
+            if let Err(e) = lake.put(id, &name, bytes.into()).await {
+                tracing::warn!(
+                    "shard {}: checkpoint {id} not uploaded to the lake, so it does not \
+                     complete: {e}",
+                    self.id
                 );
-                self.fail_node(error).await;
-                false
+                return false;
             }
         }
+        true
     }
 
     fn on_flushed(&mut self, table: TableId, block: BlockId, result: Result<(), String>) {
