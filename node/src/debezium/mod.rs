@@ -29,7 +29,7 @@ mod value;
 pub use error::{DebeziumError, SourcePosition};
 pub use message::{ChangeEvent, ChangeOp, Message, Skipped, TxnRef, parse_line, parse_line_with};
 pub use txn::{
-    APPLIED_IDS_REMEMBERED, POSTGRES_CONNECTOR, Transaction, TxnAssembler, TxnMode,
+    APPLIED_IDS_REMEMBERED, POSTGRES_CONNECTOR, RecentIds, Transaction, TxnAssembler, TxnMode,
     same_transaction,
 };
 pub use value::{DecimalHandling, ParseOptions};

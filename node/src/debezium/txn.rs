@@ -30,6 +30,51 @@ fn postgres_txid(id: &str) -> &str {
     id.split_once(':').map_or(id, |(txid, _)| txid)
 }
 
+/// The ids of the most recently applied transactions, at most [`APPLIED_IDS_REMEMBERED`]: a
+/// set to look them up in, and their order to forget the oldest.
+#[derive(Debug, Default)]
+pub struct RecentIds {
+    set: HashSet<Arc<str>>,
+    order: VecDeque<Arc<str>>,
+}
+
+impl RecentIds {
+    /// Remembers `id` (once), forgetting the oldest beyond the bound.
+    pub fn insert(&mut self, id: &str) {
+        if self.set.contains(id) {
+            return;
+        }
+        if self.order.len() == APPLIED_IDS_REMEMBERED
+            && let Some(oldest) = self.order.pop_front()
+        {
+            self.set.remove(&oldest);
+        }
+        let id: Arc<str> = id.into();
+        self.set.insert(id.clone());
+        self.order.push_back(id);
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    /// The `n` newest, oldest first.
+    pub fn newest(&self, n: usize) -> Vec<String> {
+        let skip = self.order.len().saturating_sub(n);
+        self.order
+            .iter()
+            .skip(skip)
+            .map(|id| id.to_string())
+            .collect()
+    }
+
+    /// How many are remembered (as a set, and in order: always the same).
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
+        (self.set.len(), self.order.len())
+    }
+}
+
 /// A complete source transaction, its events in `total_order`.
 #[derive(Clone, Debug)]
 pub struct Transaction {
@@ -78,8 +123,7 @@ pub struct TxnAssembler {
     restarts: u64,
     /// Ids of the most recently applied transactions, as a set and in applied order (to evict
     /// the oldest beyond [`APPLIED_IDS_REMEMBERED`]).
-    applied: HashSet<Arc<str>>,
-    applied_order: VecDeque<Arc<str>>,
+    applied: RecentIds,
     last_applied: Option<(String, SourcePosition)>,
     duplicates_skipped: u64,
 }
@@ -91,8 +135,7 @@ impl TxnAssembler {
             open: None,
             connector: None,
             restarts: 0,
-            applied: HashSet::new(),
-            applied_order: VecDeque::new(),
+            applied: RecentIds::default(),
             last_applied: None,
             duplicates_skipped: 0,
         }
@@ -179,12 +222,7 @@ impl TxnAssembler {
     /// The ids of the `n` most recently applied transactions, oldest first: what a
     /// checkpoint records so that a restart still recognises them.
     pub fn recent_applied(&self, n: usize) -> Vec<String> {
-        let skip = self.applied_order.len().saturating_sub(n);
-        self.applied_order
-            .iter()
-            .skip(skip)
-            .map(|id| id.to_string())
-            .collect()
+        self.applied.newest(n)
     }
 
     /// Remembers `ids` (oldest first; as [`TxnAssembler::recent_applied`] gave them) as
@@ -215,17 +253,7 @@ impl TxnAssembler {
     }
 
     fn remember(&mut self, id: &str) {
-        if self.applied.contains(id) {
-            return;
-        }
-        if self.applied_order.len() == APPLIED_IDS_REMEMBERED
-            && let Some(oldest) = self.applied_order.pop_front()
-        {
-            self.applied.remove(&oldest);
-        }
-        let id: Arc<str> = id.into();
-        self.applied.insert(id.clone());
-        self.applied_order.push_back(id);
+        self.applied.insert(id);
     }
 
     /// The last transaction passed to [`TxnAssembler::mark_applied`] and where it ended.
@@ -451,8 +479,10 @@ mod tests {
             asm.mark_applied(&i.to_string(), &SourcePosition::new("events.json", 1));
         }
         asm.mark_applied("1", &at_2); // already remembered: no second entry
-        assert_eq!(asm.applied.len(), APPLIED_IDS_REMEMBERED);
-        assert_eq!(asm.applied_order.len(), APPLIED_IDS_REMEMBERED);
+        assert_eq!(
+            asm.applied.len(),
+            (APPLIED_IDS_REMEMBERED, APPLIED_IDS_REMEMBERED)
+        );
         assert!(!asm.applied.contains("0"), "the oldest id is forgotten");
         assert!(asm.applied.contains("1"));
         assert_eq!(asm.last_applied(), Some(("1", &at_2)));

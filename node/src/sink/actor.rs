@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use flume::{Receiver, RecvTimeoutError};
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
+use super::barrier::Barriers;
 use super::dead_letter::{DeadLetter, dead_letter_offsets, marker};
 use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
@@ -39,6 +40,14 @@ const MAX_GROUP_SOURCE_BYTES: u64 = 64 << 20;
 /// that redelivers (Kafka after a consumer restart, Debezium after a connector restart)
 /// starts again at most this many transactions back.
 pub(super) const CHECKPOINT_IDS: usize = 8192;
+
+/// What the sink records with a checkpoint: the transactions it handed over last.
+fn source_state(assembler: &TxnAssembler) -> SourceState {
+    SourceState {
+        applied: assembler.recent_applied(CHECKPOINT_IDS),
+        kafka: None,
+    }
+}
 
 /// A transaction's operations, as the node takes them.
 pub(super) type Ops = Vec<TableOp<Vec<Value>>>;
@@ -131,8 +140,7 @@ pub(super) fn run(
         read: resume,
         group_end: resume,
         submitted: resume,
-        checkpointed: resume,
-        last_checkpoint: Instant::now(),
+        barriers: Barriers::new(resume),
         catch_up_at: size_at_start,
     };
     sink.report.lines = resume.line;
@@ -219,7 +227,13 @@ pub(super) fn run(
             && sink.report.restart.is_none()
             && sink.options.checkpoint_interval.is_some()
         {
-            sink.final_checkpoint();
+            let assembler = &sink.assembler;
+            sink.barriers.last(
+                node,
+                sink.submitted,
+                || source_state(assembler),
+                &mut sink.report,
+            );
         }
     }
     // Whatever stopped the sink, queries waiting for it need not wait longer.
@@ -271,8 +285,7 @@ struct Sink<'a> {
     /// After the last transaction handed to the node.
     submitted: SourceMark,
     /// Where the last checkpoint barrier was taken.
-    checkpointed: SourceMark,
-    last_checkpoint: Instant,
+    barriers: Barriers,
     /// The source's size when this run opened it; `None` once the sink has replayed that far
     /// and said so (or when it cannot tell).
     catch_up_at: Option<u64>,
@@ -636,54 +649,19 @@ impl Sink<'_> {
                     .duplicates_skipped
                     .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
                 self.check_caught_up(false);
-                if self
-                    .options
-                    .checkpoint_interval
-                    .is_some_and(|every| self.last_checkpoint.elapsed() >= every)
-                {
-                    self.checkpoint();
-                }
+                let assembler = &self.assembler;
+                self.barriers.after_group(
+                    self.node,
+                    self.options,
+                    self.submitted,
+                    || source_state(assembler),
+                    &mut self.report,
+                );
                 true
             }
             Err(e) => {
                 self.fail(format!("{}: {e}", self.name));
                 false
-            }
-        }
-    }
-
-    /// Puts a checkpoint barrier after everything submitted, taken where the source stands
-    /// after the last submitted transaction.
-    fn checkpoint(&mut self) {
-        self.last_checkpoint = Instant::now();
-        if self.checkpointed == self.submitted {
-            return;
-        }
-        let state = SourceState {
-            applied: self.assembler.recent_applied(CHECKPOINT_IDS),
-            kafka: None,
-        };
-        match self.node.checkpoint(self.submitted, state.encode()) {
-            Ok(Some(_)) => {
-                self.checkpointed = self.submitted;
-                self.report.checkpoints += 1;
-            }
-            // One is still on its way; the next group tries again.
-            Ok(None) => {}
-            Err(e) => tracing::warn!("checkpoint barrier: {e}"),
-        }
-    }
-
-    /// A checkpoint of everything submitted, waiting for one still on its way to finish first.
-    fn final_checkpoint(&mut self) {
-        let start = Instant::now();
-        while self.checkpointed != self.submitted
-            && self.node.status().error().is_none()
-            && start.elapsed() < FINAL_CHECKPOINT_WAIT
-        {
-            self.checkpoint();
-            if self.checkpointed != self.submitted {
-                std::thread::sleep(FOLLOW_POLL);
             }
         }
     }

@@ -16,6 +16,7 @@
 //! - `source.rs`: [`SourceSpec`], opening the source at the checkpoint's offset, the source
 //!   state a checkpoint records, re-reading a span of the source;
 //! - `dead_letter.rs`: dead-letter records, and where those already written end;
+//! - `barrier.rs`: checkpoint barriers, when and where the sink puts them;
 //! - `options.rs`: [`SinkOptions`] and [`OnError`];
 //! - `msg.rs`: [`SinkMsg`] (the inbox) and [`SinkReport`] (how a run ended);
 //! - `actor.rs`: the run itself (read, assemble, submit, checkpoint, bad transactions);
@@ -24,6 +25,7 @@
 //! - `handle.rs`: [`spawn`], [`SinkHandle`] and [`run_sink`].
 
 mod actor;
+mod barrier;
 mod dead_letter;
 mod handle;
 pub mod kafka;

@@ -13,10 +13,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use crate::debezium::{ChangeEvent, DebeziumError, Message, SourcePosition, TxnMode};
-
-/// Ids of handed-over transactions remembered to drop a redelivery (a connector restart).
-const RECENT_IDS: usize = 65_536;
+use crate::debezium::{ChangeEvent, DebeziumError, Message, RecentIds, SourcePosition, TxnMode};
 
 /// A transaction handed over: its key ([`txn_key`]) and, for each partition it was read from,
 /// the last offset there.
@@ -124,8 +121,7 @@ pub struct KafkaAssembler {
     /// Keys of transactions handed over: by a run before a restart whose events a restart reads
     /// again, and the most recent of this run.
     replayable: HashSet<Arc<str>>,
-    recent: HashSet<Arc<str>>,
-    recent_order: VecDeque<Arc<str>>,
+    recent: RecentIds,
     /// Transactions handed over, with the last offset of each partition they were read from.
     handed: VecDeque<(Arc<str>, Offsets)>,
     duplicates_skipped: u64,
@@ -144,8 +140,7 @@ impl KafkaAssembler {
             buffered: 0,
             ready: VecDeque::new(),
             replayable: replayable.iter().map(|(k, _)| txn_key(k).into()).collect(),
-            recent: HashSet::new(),
-            recent_order: VecDeque::new(),
+            recent: RecentIds::default(),
             handed: replayable
                 .into_iter()
                 .map(|(k, offsets)| (txn_key(&k).into(), offsets))
@@ -158,29 +153,13 @@ impl KafkaAssembler {
     /// before a restart: a redelivery of one of them is dropped.
     pub fn remember(&mut self, ids: &[String]) {
         for id in ids {
-            self.note_recent(txn_key(id).into());
+            self.recent.insert(txn_key(id));
         }
     }
 
     /// The keys of the `n` transactions handed over last, oldest first.
     pub fn recent(&self, n: usize) -> Vec<String> {
-        let skip = self.recent_order.len().saturating_sub(n);
-        self.recent_order
-            .iter()
-            .skip(skip)
-            .map(|k| k.to_string())
-            .collect()
-    }
-
-    fn note_recent(&mut self, key: Arc<str>) {
-        if self.recent.insert(key.clone()) {
-            if self.recent_order.len() == RECENT_IDS
-                && let Some(old) = self.recent_order.pop_front()
-            {
-                self.recent.remove(&old);
-            }
-            self.recent_order.push_back(key);
-        }
+        self.recent.newest(n)
     }
 
     /// A partition discovered after the start, read from `offset`; its index is the next one.
@@ -379,7 +358,7 @@ impl KafkaAssembler {
 
     fn hand_over(&mut self, txn: &KafkaTxn) {
         let key: Arc<str> = txn_key(&txn.id).into();
-        self.note_recent(key.clone());
+        self.recent.insert(&key);
         self.handed.push_back((key, txn.offsets.clone()));
     }
 

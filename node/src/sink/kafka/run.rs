@@ -18,6 +18,7 @@ use crate::coordinator::SourceMark;
 use crate::debezium::{ParseOptions, SourcePosition, TxnMode, parse_line_with};
 use crate::node::NodeHandle;
 use crate::sink::actor::{CHECKPOINT_IDS, Ops, txn_ops};
+use crate::sink::barrier::Barriers;
 use crate::sink::msg::{SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
 use crate::sink::source::{KafkaState, SourceState};
@@ -29,8 +30,6 @@ const DISCOVER_EVERY: Duration = Duration::from_secs(5);
 /// How long the other partitions have nothing more to give before an unreadable record
 /// stops replay.
 const POISON_GRACE: Duration = Duration::from_millis(200);
-/// How long the last checkpoint waits for an earlier one to finish.
-const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
 /// How long a stopping sink waits for what it handed the node to become visible.
 const STOP_VISIBLE_WAIT: Duration = Duration::from_secs(10);
 
@@ -90,8 +89,7 @@ pub(in crate::sink) fn run(
         group_opened: Instant::now(),
         in_flight: VecDeque::new(),
         submitted: resume,
-        checkpointed: resume,
-        last_checkpoint: Instant::now(),
+        barriers: Barriers::new(resume),
         last_discovery: Instant::now(),
         caught_up: false,
         poisoned: None,
@@ -149,6 +147,31 @@ pub(in crate::sink) fn run(
     sink.finish()
 }
 
+/// What the sink records with a checkpoint: each partition's resume offset, the transactions
+/// a restart from there must drop, and those handed over last.
+fn source_state(
+    assembler: &mut KafkaAssembler,
+    parts: &[(Partition, Arc<str>, Option<String>)],
+) -> SourceState {
+    let resume = assembler.resume_offsets();
+    let name = |i: u32| parts[i as usize].0.name.to_string();
+    let handed = assembler.replayable(&resume);
+    SourceState {
+        applied: assembler.recent(CHECKPOINT_IDS),
+        kafka: Some(KafkaState {
+            offsets: resume
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (name(i as u32), *o))
+                .collect(),
+            handed: handed
+                .into_iter()
+                .map(|(id, at)| (id, at.into_iter().map(|(i, o)| (name(i), o)).collect()))
+                .collect(),
+        }),
+    }
+}
+
 struct KafkaSink<'a> {
     node: &'a NodeHandle,
     options: &'a SinkOptions,
@@ -171,8 +194,7 @@ struct KafkaSink<'a> {
     in_flight: VecDeque<(u64, SourcePosition, String)>,
     /// `offset`: transactions handed over since the source's start; `line`: records read.
     submitted: SourceMark,
-    checkpointed: SourceMark,
-    last_checkpoint: Instant,
+    barriers: Barriers,
     last_discovery: Instant,
     caught_up: bool,
     /// A record that cannot be read, and its partition: that partition is read no further,
@@ -469,53 +491,20 @@ impl KafkaSink<'_> {
                     .status()
                     .duplicates_skipped
                     .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
-                if self
-                    .options
-                    .checkpoint_interval
-                    .is_some_and(|every| self.last_checkpoint.elapsed() >= every)
-                {
-                    self.checkpoint();
-                }
+                let (assembler, parts) = (&mut self.assembler, &self.parts);
+                self.barriers.after_group(
+                    self.node,
+                    self.options,
+                    self.submitted,
+                    || source_state(assembler, parts),
+                    &mut self.report,
+                );
                 true
             }
             Err(e) => {
                 self.fail(format!("{}: {e}", self.spec));
                 false
             }
-        }
-    }
-
-    /// Puts a checkpoint barrier after everything submitted, recording each partition's
-    /// resume offset and the transactions a restart from there must drop.
-    fn checkpoint(&mut self) {
-        self.last_checkpoint = Instant::now();
-        if self.checkpointed == self.submitted {
-            return;
-        }
-        let resume = self.assembler.resume_offsets();
-        let name = |i: u32| self.parts[i as usize].0.name.to_string();
-        let handed = self.assembler.replayable(&resume);
-        let state = SourceState {
-            applied: self.assembler.recent(CHECKPOINT_IDS),
-            kafka: Some(KafkaState {
-                offsets: resume
-                    .iter()
-                    .enumerate()
-                    .map(|(i, o)| (name(i as u32), *o))
-                    .collect(),
-                handed: handed
-                    .into_iter()
-                    .map(|(id, at)| (id, at.into_iter().map(|(i, o)| (name(i), o)).collect()))
-                    .collect(),
-            }),
-        };
-        match self.node.checkpoint(self.submitted, state.encode()) {
-            Ok(Some(_)) => {
-                self.checkpointed = self.submitted;
-                self.report.checkpoints += 1;
-            }
-            Ok(None) => {}
-            Err(e) => tracing::warn!("checkpoint barrier: {e}"),
         }
     }
 
@@ -593,16 +582,13 @@ impl KafkaSink<'_> {
                 self.submit();
             }
             if self.report.stopped_by.is_none() && self.options.checkpoint_interval.is_some() {
-                let start = Instant::now();
-                while self.checkpointed != self.submitted
-                    && self.node.status().error().is_none()
-                    && start.elapsed() < FINAL_CHECKPOINT_WAIT
-                {
-                    self.checkpoint();
-                    if self.checkpointed != self.submitted {
-                        std::thread::sleep(POLL);
-                    }
-                }
+                let (assembler, parts) = (&mut self.assembler, &self.parts);
+                self.barriers.last(
+                    self.node,
+                    self.submitted,
+                    || source_state(assembler, parts),
+                    &mut self.report,
+                );
             }
         }
         if !self.caught_up {
