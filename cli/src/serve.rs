@@ -77,9 +77,15 @@ pub struct ServeArgs {
     /// beyond loopback needs --auth-token.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
-    /// The token query clients present when they bootstrap.
+    /// The token query clients present when they bootstrap (and Arrow Flight clients as the
+    /// header `authorization: Bearer TOKEN`).
     #[arg(long, env = "RETINA_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+    /// Serve Arrow Flight and Flight SQL on this address, e.g. 127.0.0.1:7401 (port 0: any
+    /// free port): pyarrow, ADBC and JDBC drivers, DuckDB and other engines read the tables at
+    /// one snapshot. An address beyond loopback needs --auth-token.
+    #[arg(long, value_name = "HOST:PORT")]
+    flight: Option<SocketAddr>,
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -119,6 +125,22 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if let Some(addr) = node.coordinator_addr() {
         tracing::info!("coordinator service (Cap'n Proto) on {addr}");
     }
+    let flight = match args.flight {
+        Some(listen) => {
+            let node_addr = node
+                .coordinator_addr()
+                .context("the Flight service reads through the coordinator's --listen")?;
+            let server = retina_flight::FlightServer::start(retina_flight::FlightOptions {
+                listen,
+                node: node_addr,
+                token: args.auth_token.clone(),
+                threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            })?;
+            tracing::info!("Arrow Flight and Flight SQL on {}", server.addr());
+            Some(server)
+        }
+        None => None,
+    };
     tracing::info!(
         "serving {} tables on {shards} shards from {}; data in {}, lake {}",
         catalog.tables().len(),
@@ -209,6 +231,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     node.shutdown();
                     node = start()?;
                     *status.write().expect("status lock") = node.handle().status().clone();
+                    if let (Some(flight), Some(addr)) = (&flight, node.coordinator_addr()) {
+                        flight.reconnect(addr)?;
+                    }
                     continue;
                 }
                 match &report.stopped_by {
@@ -234,6 +259,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("stopping on signal {signal}");
     stop.store(true, Ordering::Relaxed);
     let hwm = node.handle().status().hwm();
+    if let Some(flight) = flight {
+        flight.stop();
+    }
     node.shutdown();
     if let Some((bound, thread)) = metrics {
         retina_node::metrics::stop(bound, thread);

@@ -43,7 +43,7 @@ use retina_client::{ClientError, Connection, QueryInfo, Refusal};
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
-pub use table::{RetinaTable, Visibility};
+pub use table::{RetinaTable, Visibility, user_schema};
 
 /// An S3 client of `bucket` as a reader of a node's lake builds it: the standard AWS
 /// environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT` or
@@ -221,6 +221,11 @@ impl QuerySession {
 
     pub fn query_id(&self) -> u64 {
         self.query.id()
+    }
+
+    /// The query as the scan services are shown it.
+    pub fn info(&self) -> QueryInfo {
+        self.query.info()
     }
 
     /// Plans and starts `sql`. The stream keeps the query running until it is dropped.

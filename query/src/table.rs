@@ -62,15 +62,20 @@ pub struct RetinaTable {
 
 impl RetinaTable {
     pub fn new(query: Arc<RunningQuery>, table: TableInfo, visibility: Visibility) -> RetinaTable {
-        let stored = table.schema.arrow_schema();
-        let user = stored.project(&(0..table.schema.columns().len()).collect::<Vec<_>>());
         RetinaTable {
             query,
-            schema: Arc::new(user.expect("the user's columns are a prefix of the stored ones")),
+            schema: user_schema(&table),
             table,
             visibility,
         }
     }
+}
+
+/// A table's columns as queries see them: the stored ones without `_create_ts`.
+pub fn user_schema(table: &TableInfo) -> SchemaRef {
+    let stored = table.schema.arrow_schema();
+    let user = stored.project(&(0..table.schema.columns().len()).collect::<Vec<_>>());
+    Arc::new(user.expect("the user's columns are a prefix of the stored ones"))
 }
 
 /// One contiguous run of a file's row groups that one partition reads.

@@ -27,12 +27,18 @@ pub fn small_files(flush_interval_ms: u64, gc_interval_ms: u64) -> Settings {
 /// Whether `python3` can import pyarrow. CI installs it (`.ci/run`), so there a missing
 /// pyarrow is a failure, not a skip.
 pub fn pyarrow_available() -> bool {
+    python_modules(&["pyarrow.parquet"])
+}
+
+/// Whether python3 imports every one of `modules`; under CI they are required (`.ci/run`
+/// installs them with pip).
+pub fn python_modules(modules: &[&str]) -> bool {
     let ok = Command::new("python3")
-        .args(["-c", "import pyarrow.parquet"])
+        .args(["-c", &format!("import {}", modules.join(", "))])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok && std::env::var_os("CI").is_some() {
-        panic!("pyarrow is required in CI: .ci/run installs it with pip");
+        panic!("python3 modules {modules:?} are required in CI: .ci/run installs them with pip");
     }
     ok
 }

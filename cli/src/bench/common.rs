@@ -144,3 +144,91 @@ fn spawn_driver_with(
     };
     Driver { stop, thread }
 }
+
+/// A node over a temporary directory (listening on loopback) holding `rows` order lines in
+/// regular files of 65,536 rows, `deleted_per_mille` of them deleted after the load, scattered;
+/// returned once every full file is combined.
+pub(super) fn order_line_node(
+    rows: usize,
+    deleted_per_mille: u32,
+    shards: u16,
+) -> anyhow::Result<(tempfile::TempDir, Node)> {
+    use anyhow::Context;
+    use rand::{Rng, SeedableRng};
+    use retina_bench::ch::OrderLines;
+    use retina_storage::{RowOp, TableOp};
+    const FILE_ROWS: u64 = 65_536;
+    let catalog = Arc::new(Catalog::from_ddl(REPLAY_DDL, "bench")?);
+    let orderline = catalog
+        .resolve("orderline")
+        .context("the replay DDL has orderline")?;
+    let dir = tempfile::Builder::new().prefix("retina-bench-").tempdir()?;
+    let node = local_node(
+        dir.path().join("data"),
+        catalog,
+        Settings {
+            shards,
+            file_rows: FILE_ROWS,
+            ..Settings::default()
+        },
+        true,
+    )?;
+    let h = node.handle().clone();
+    let t = Instant::now();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let mut doomed = Vec::new();
+    let mut lines = OrderLines::new(7, 10).take(rows).peekable();
+    while lines.peek().is_some() {
+        let txn: Vec<_> = lines
+            .by_ref()
+            .take(10_000)
+            .map(|r| {
+                if rng.random_range(0..1000) < deleted_per_mille {
+                    doomed.push(TableOp {
+                        table: orderline,
+                        op: RowOp::Delete(r.clone()),
+                    });
+                }
+                TableOp {
+                    table: orderline,
+                    op: RowOp::Insert(r),
+                }
+            })
+            .collect();
+        h.submit(&[txn])?;
+    }
+    let deleted = doomed.len();
+    let mut last = 0;
+    for chunk in doomed.chunks(1000) {
+        last = *h.submit(&[chunk.to_vec()])?.end();
+    }
+    anyhow::ensure!(h.wait_visible(last, Duration::from_secs(300)));
+    println!(
+        "loaded {rows} order lines and deleted {deleted} in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let addr = node.coordinator_addr().context("the node listens")?;
+    let conn = retina_client::Connection::connect(addr, "")?;
+    // Wait until every full file is combined: the plan lists them all.
+    let full = (rows as u64 / FILE_ROWS / u64::from(shards)) * u64::from(shards);
+    let start = Instant::now();
+    loop {
+        let (files, groups) = futures::executor::block_on(async {
+            let q = conn.begin().await?;
+            let plan = conn.plan(q.id, "orderline").await?;
+            conn.end(q.id).await?;
+            let groups: usize = plan.files.iter().map(|f| f.row_groups.len()).sum();
+            anyhow::Ok((plan.files.len() as u64, groups))
+        })?;
+        if files >= full.saturating_sub(u64::from(shards)) {
+            println!("{files} regular files, {groups} row groups");
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(300),
+            "files not combined"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok((dir, node))
+}

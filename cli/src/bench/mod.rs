@@ -6,6 +6,7 @@
 mod bitmaps;
 mod common;
 mod consistency;
+mod flight;
 mod freshness;
 mod gc;
 mod generate;
@@ -100,6 +101,19 @@ enum BenchCommand {
         deleted_per_mille: u32,
         /// Runs of each query in each mode.
         #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// Arrow Flight: a whole table of order lines read with `DoGet` (every endpoint at once,
+    /// over loopback) beside the same rows through the DataFusion connector in-process:
+    /// rows/s, MB/s and the time to the first batch, medians.
+    Flight {
+        /// Order lines loaded.
+        #[arg(long, default_value_t = 10_000_000)]
+        rows: usize,
+        /// Reads of each kind after a warm-up read.
+        #[arg(long, default_value_t = 3)]
         runs: usize,
         #[arg(long, default_value_t = 2)]
         shards: u16,
@@ -215,6 +229,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             runs,
             shards,
         } => vfor::run(rows, deleted_per_mille, runs, shards),
+        BenchCommand::Flight { rows, runs, shards } => flight::run(rows, runs, shards),
         BenchCommand::Freshness {
             rates,
             seconds,
