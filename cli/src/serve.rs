@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// one snapshot. An address beyond loopback needs --auth-token.
     #[arg(long, value_name = "HOST:PORT")]
     flight: Option<SocketAddr>,
+    /// The memory the Flight service's reads take together, in MiB (sorts, joins and
+    /// aggregates of Flight SQL spill to temporary files beyond it, or fail).
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
+    flight_memory_mb: usize,
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -135,6 +139,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 node: node_addr,
                 token: args.auth_token.clone(),
                 threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+                memory_limit: args.flight_memory_mb << 20,
             })?;
             tracing::info!("Arrow Flight and Flight SQL on {}", server.addr());
             Some(server)

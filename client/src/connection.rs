@@ -63,6 +63,8 @@ pub struct Connection {
 
 struct Inner {
     calls: Option<flume::Sender<Call>>,
+    /// Queries `end_detached` could not queue an end for: their leases are no longer renewed.
+    abandoned: Arc<Mutex<Vec<u64>>>,
     thread: Mutex<Option<glommio::ExecutorJoinHandle<()>>>,
 }
 
@@ -81,6 +83,8 @@ impl Connection {
         let (calls, rx) = flume::bounded(CALL_QUEUE);
         let (ready_tx, ready_rx) = flume::bounded(1);
         let token = token.to_owned();
+        let abandoned: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let worker_abandoned = abandoned.clone();
         let thread = LocalExecutorBuilder::new(Placement::Unbound)
             .name("retina-client")
             .io_memory(CLIENT_IO_MEMORY)
@@ -101,6 +105,7 @@ impl Connection {
                         token,
                         scans: RefCell::default(),
                         live: RefCell::default(),
+                        abandoned: worker_abandoned,
                     }),
                     rx,
                 )
@@ -114,6 +119,7 @@ impl Connection {
         Ok(Connection {
             inner: Arc::new(Inner {
                 calls: Some(calls),
+                abandoned,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -146,8 +152,14 @@ impl Connection {
     /// queue full, the query ends when its lease runs out instead.
     pub fn end_detached(&self, query: u64) {
         let (tx, _) = flume::bounded(1);
-        if let Some(calls) = &self.inner.calls {
-            let _ = calls.try_send(Call::End(query, tx));
+        if let Some(calls) = &self.inner.calls
+            && calls.try_send(Call::End(query, tx)).is_err()
+        {
+            self.inner
+                .abandoned
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(query);
         }
     }
 
@@ -219,6 +231,7 @@ struct Worker {
     scans: RefCell<HashMap<SocketAddr, scan_service::Client>>,
     /// Queries whose leases this thread renews.
     live: RefCell<HashSet<u64>>,
+    abandoned: Arc<Mutex<Vec<u64>>>,
 }
 
 async fn serve_calls(worker: Rc<Worker>, rx: flume::Receiver<Call>) {
@@ -318,6 +331,9 @@ impl Worker {
             loop {
                 glommio::timer::sleep(every).await;
                 let Some(w) = worker.upgrade() else { break };
+                if w.take_abandoned(q.id) {
+                    w.live.borrow_mut().remove(&q.id);
+                }
                 if !w.live.borrow().contains(&q.id) {
                     break;
                 }
@@ -333,6 +349,13 @@ impl Worker {
 
     async fn tables(&self) -> Result<Vec<TableInfo>, ClientError> {
         calls::tables(&self.coordinator).await
+    }
+
+    /// Whether `query` was dropped without an end queued (forgetting it if so).
+    fn take_abandoned(&self, query: u64) -> bool {
+        let mut a = self.abandoned.lock().unwrap_or_else(|e| e.into_inner());
+        let found = a.iter().position(|&q| q == query);
+        found.map(|i| a.swap_remove(i)).is_some()
     }
 
     async fn plan(&self, query: u64, table: &str) -> Result<ScanPlan, ClientError> {

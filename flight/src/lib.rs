@@ -18,7 +18,8 @@
 //!   when they share one, else empty (each stream carries its own).
 //! - `GetFlightInfo` of a command descriptor whose bytes are SQL text runs that statement
 //!   (`SELECT` only) at one snapshot: one endpoint.
-//! - `app_metadata` is JSON: `{"query": Q, "snapshot": TS, "tables": [...]}` on the
+//! - `app_metadata` is JSON (`query` is the Flight query's number, the one errors name):
+//!   `{"query": Q, "snapshot": TS, "tables": [...]}` on the
 //!   `FlightInfo`, `{"query": Q, "snapshot": TS, "table": NAME, "partition": P}` on each
 //!   endpoint (`table` is null for SQL).
 //! - `GetSchema` of a path descriptor of one table, or of SQL text.
@@ -59,6 +60,10 @@ use crate::queries::Queries;
 pub const CATALOG: &str = "retina";
 /// How often queries nobody reads are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often an idle connection is checked, and how long it has to answer.
+const KEEPALIVE: Duration = Duration::from_secs(20);
+/// How long calls in progress may go on after the service is told to stop.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How long a query waits for a stream where the node gives its queries no lease.
 const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 
@@ -74,6 +79,9 @@ pub struct FlightOptions {
     pub token: Option<String>,
     /// Threads that answer calls and run the reads.
     pub threads: usize,
+    /// The memory the reads' operators (sorts, joins, aggregates of SQL) take together;
+    /// beyond it they spill to temporary files or fail.
+    pub memory_limit: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +99,8 @@ pub enum FlightStartError {
     Connect(#[from] ClientError),
     #[error("starting the Flight service's threads: {0}")]
     Runtime(std::io::Error),
+    #[error("the Flight service's memory pool: {0}")]
+    Memory(DataFusionError),
 }
 
 /// A running Flight service; stops when dropped.
@@ -98,6 +108,7 @@ pub struct FlightServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     token: Option<String>,
+    memory_limit: usize,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -127,7 +138,11 @@ impl FlightServer {
                 source,
             })?;
         let shared = Arc::new(Shared {
-            retina: RwLock::new(connect(options.node, options.token.as_deref())?),
+            retina: RwLock::new(connect(
+                options.node,
+                options.token.as_deref(),
+                options.memory_limit,
+            )?),
             queries: Arc::default(),
         });
         let service = service::Service::new(shared.clone());
@@ -147,23 +162,44 @@ impl FlightServer {
                 });
                 let incoming =
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                let served = runtime.block_on(
-                    tonic::transport::Server::builder()
+                let (draining, drained) = tokio::sync::oneshot::channel::<()>();
+                let served = runtime.block_on(async {
+                    // Keepalives find clients that vanished without closing: their streams,
+                    // and the snapshots those hold, end.
+                    let serve = tonic::transport::Server::builder()
+                        .http2_keepalive_interval(Some(KEEPALIVE))
+                        .http2_keepalive_timeout(Some(KEEPALIVE))
+                        .tcp_keepalive(Some(KEEPALIVE))
                         .add_service(server)
                         .serve_with_incoming_shutdown(incoming, async {
                             let _ = stopped.await;
-                        }),
-                );
+                            let _ = draining.send(());
+                        });
+                    // Calls in progress get a moment to finish; a client holding a stream open
+                    // does not hold the node's stop.
+                    let grace = async {
+                        if drained.await.is_ok() {
+                            tokio::time::sleep(STOP_GRACE).await;
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    };
+                    tokio::select! {
+                        served = serve => served,
+                        () = grace => Ok(()),
+                    }
+                });
                 if let Err(e) = served {
                     tracing::error!("the Flight service stopped: {e}");
                 }
-                runtime.shutdown_timeout(Duration::from_secs(2));
+                runtime.shutdown_timeout(Duration::from_millis(200));
             })
             .map_err(FlightStartError::Runtime)?;
         Ok(FlightServer {
             addr,
             shared,
             token: options.token,
+            memory_limit: options.memory_limit,
             stop: Some(stop),
             thread: Some(thread),
         })
@@ -176,8 +212,8 @@ impl FlightServer {
 
     /// Reads from the node at `node` from now on (a node restarted on another port); queries
     /// in progress fail.
-    pub fn reconnect(&self, node: SocketAddr) -> Result<(), ClientError> {
-        let retina = connect(node, self.token.as_deref())?;
+    pub fn reconnect(&self, node: SocketAddr) -> Result<(), FlightStartError> {
+        let retina = connect(node, self.token.as_deref(), self.memory_limit)?;
         *self
             .shared
             .retina
@@ -212,11 +248,24 @@ impl Drop for FlightServer {
     }
 }
 
-fn connect(node: SocketAddr, token: Option<&str>) -> Result<Retina, ClientError> {
-    let config = SessionConfig::new()
+fn connect(
+    node: SocketAddr,
+    token: Option<&str>,
+    memory_limit: usize,
+) -> Result<Retina, FlightStartError> {
+    let mut config = SessionConfig::new()
         .with_information_schema(true)
         .with_default_catalog_and_schema(CATALOG, "public");
-    Ok(Retina::connect(node, token.unwrap_or(""))?.with_config(config))
+    // Each endpoint is one partition of a scan, read by a stream of its own, maybe by another
+    // client: a partition reads its own files, never those of a sibling that went idle.
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    Retina::connect(node, token.unwrap_or(""))?
+        .with_config(config)
+        .with_memory_limit(memory_limit)
+        .map_err(FlightStartError::Memory)
 }
 
 /// Every call must carry the token, when there is one.
@@ -228,7 +277,11 @@ fn authorize(token: &Option<Arc<str>>, request: Request<()>) -> Result<Request<(
         .metadata()
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| {
+            // The scheme's name is case-insensitive (RFC 9110).
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
     match given {
         Some(g) if same(g.as_bytes(), token.as_bytes()) => Ok(request),
         Some(_) => Err(Status::unauthenticated("wrong token")),

@@ -7,10 +7,14 @@
 //! always that table; where both readings exist (tables `bank` and `bank.accounts`), write
 //! the qualified table as one element.
 
+use tonic::Status;
+
 /// The tables `path` names, in its order, each once; `tables` are the node's table names.
-pub(crate) fn resolve(path: &[String], tables: &[String]) -> Result<Vec<String>, String> {
+pub(crate) fn resolve(path: &[String], tables: &[String]) -> Result<Vec<String>, Status> {
     if path.is_empty() {
-        return Err("an empty path descriptor names no table".into());
+        return Err(Status::invalid_argument(
+            "an empty path descriptor names no table",
+        ));
     }
     let is_table = |name: &str| tables.iter().any(|t| t == name);
     let mut out: Vec<String> = Vec::new();
@@ -28,10 +32,10 @@ pub(crate) fn resolve(path: &[String], tables: &[String]) -> Result<Vec<String>,
             i += 2;
             qualified
         } else {
-            return Err(format!(
+            return Err(Status::not_found(format!(
                 "path element {i} (`{element}`) names no table; the tables are {}",
                 list(tables)
-            ));
+            )));
         };
         if !out.contains(&name) {
             out.push(name);
@@ -75,7 +79,11 @@ mod tests {
         );
         // `bank` is a table itself: it is read as that table, then `accounts` is no table.
         let err = resolve(&path(&["bank", "accounts"]), &tables).unwrap_err();
-        assert!(err.contains("path element 1 (`accounts`)"), "{err}");
+        assert_eq!(err.code(), tonic::Code::NotFound);
+        assert!(
+            err.message().contains("path element 1 (`accounts`)"),
+            "{err}"
+        );
         let tables = path(&["bank.accounts", "bank.transfers", "orders"]);
         assert_eq!(
             resolve(&path(&["bank", "accounts", "bank", "transfers"]), &tables).unwrap(),
@@ -88,10 +96,14 @@ mod tests {
         );
         let err = resolve(&path(&["nope"]), &tables).unwrap_err();
         assert!(
-            err.contains("`bank.accounts`, `bank.transfers`, `orders`"),
+            err.message()
+                .contains("`bank.accounts`, `bank.transfers`, `orders`"),
             "{err}"
         );
-        assert!(resolve(&[], &tables).is_err());
+        assert_eq!(
+            resolve(&[], &tables).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 
     #[test]

@@ -15,6 +15,10 @@ use tonic::Status;
 
 use crate::ticket::QueryTicket;
 
+/// Flight queries at once. They share the service's one connection to the node, which runs at
+/// most 256 queries (`ListFlights`, `GetSchema` and prepared statements each take one briefly).
+pub(crate) const MAX_QUERIES: usize = 192;
+
 /// What one endpoint reads: one partition of a physical plan of the query's session.
 pub(crate) struct Endpoint {
     /// The table it reads (none for a SQL statement).
@@ -62,7 +66,15 @@ impl Queries {
         session: QuerySession,
         endpoints: Vec<Endpoint>,
         idle_limit: Duration,
-    ) -> Arc<FlightQuery> {
+    ) -> Result<Arc<FlightQuery>, Status> {
+        let running = self.len();
+        if running >= MAX_QUERIES {
+            return Err(Status::resource_exhausted(format!(
+                "{running} Flight queries are being read or waiting to be (the most this node \
+                 serves at once): read the endpoints of a FlightInfo, or wait for one that \
+                 nobody reads to end after the query lease"
+            )));
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let query = Arc::new(FlightQuery {
             id,
@@ -79,7 +91,7 @@ impl Queries {
         if !query.endpoints.is_empty() {
             self.lock().insert(id, query.clone());
         }
-        query
+        Ok(query)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<FlightQuery>>> {
@@ -92,8 +104,10 @@ impl Queries {
         self: &Arc<Self>,
         ticket: &QueryTicket,
     ) -> Result<(Arc<FlightQuery>, SendableRecordBatchStream, OpenStream), Status> {
-        let query = self
-            .lock()
+        // The map's lock is held while the endpoint is claimed, as `sweep` holds it while it
+        // looks at a query's streams: a query being opened is never swept.
+        let running = self.lock();
+        let query = running
             .get(&ticket.query)
             .filter(|q| q.secret == ticket.secret)
             .cloned()
@@ -124,6 +138,7 @@ impl Queries {
             p.read[n] = true;
             p.open += 1;
         }
+        drop(running);
         let guard = OpenStream {
             queries: self.clone(),
             query: query.clone(),

@@ -76,7 +76,7 @@ impl Shared {
     ) -> Result<FlightInfo, Status> {
         let tables = self.tables().await?;
         let all: Vec<String> = tables.iter().map(|t| t.schema.name().to_owned()).collect();
-        let wanted = names::resolve(&descriptor.path, &all).map_err(Status::not_found)?;
+        let wanted = names::resolve(&descriptor.path, &all)?;
         let (retina, session) = self.begin().await?;
         let mut endpoints = Vec::new();
         let mut schemas: Vec<SchemaRef> = Vec::new();
@@ -136,27 +136,28 @@ impl Shared {
     ) -> Result<FlightInfo, Status> {
         let snapshot = session.snapshot().get();
         let idle = idle_limit(&session);
-        let mut tables: Vec<&str> = Vec::new();
+        let mut tables: Vec<String> = Vec::new();
         for e in &endpoints {
             if let Some(t) = &e.table
-                && !tables.contains(&t.as_str())
+                && !tables.contains(t)
             {
-                tables.push(t);
+                tables.push(t.clone());
             }
         }
-        let meta = json!({"query": session.query_id(), "snapshot": snapshot, "tables": tables});
+        let described: Vec<(Option<String>, usize)> = endpoints
+            .iter()
+            .map(|e| (e.table.clone(), e.partition))
+            .collect();
+        let ordered = endpoints.len() == 1;
+        let query = self.queries.add(session, endpoints, idle)?;
+        let meta = json!({"query": query.id, "snapshot": snapshot, "tables": tables});
         let mut info = FlightInfo::new()
             .try_with_schema(schema)
             .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
             .with_descriptor(descriptor)
             .with_total_records(rows)
-            .with_ordered(endpoints.len() == 1)
+            .with_ordered(ordered)
             .with_app_metadata(meta.to_string().into_bytes());
-        let described: Vec<(Option<String>, usize)> = endpoints
-            .iter()
-            .map(|e| (e.table.clone(), e.partition))
-            .collect();
-        let query = self.queries.add(session, endpoints, idle);
         for (n, (table, partition)) in described.into_iter().enumerate() {
             let ticket = query.ticket(n).encode();
             let ticket = if flight_sql {
@@ -170,7 +171,7 @@ impl Shared {
                 ticket
             };
             let meta = json!({
-                "query": query.session.query_id(),
+                "query": query.id,
                 "snapshot": snapshot,
                 "table": table,
                 "partition": partition,
@@ -221,7 +222,7 @@ impl Shared {
         if descriptor.r#type() == DescriptorType::Path {
             let tables = self.tables().await?;
             let all: Vec<String> = tables.iter().map(|t| t.schema.name().to_owned()).collect();
-            let wanted = names::resolve(&descriptor.path, &all).map_err(Status::not_found)?;
+            let wanted = names::resolve(&descriptor.path, &all)?;
             let [one] = wanted.as_slice() else {
                 return Err(Status::invalid_argument(format!(
                     "GetSchema describes one table; the path names {}",
@@ -234,7 +235,11 @@ impl Shared {
                 .expect("resolved");
             return Ok(user_schema(t));
         }
-        let sql = sql_text(&descriptor.cmd)?;
+        self.sql_schema(sql_text(&descriptor.cmd)?).await
+    }
+
+    /// The columns `sql` returns, planned at the current snapshot.
+    pub(crate) async fn sql_schema(&self, sql: &str) -> Result<SchemaRef, Status> {
         let (_, session) = self.begin().await?;
         let df = session
             .context()
@@ -334,7 +339,7 @@ async fn estimate_rows(
 /// Record batches as Flight data; `hold` lives as long as the stream.
 pub(crate) fn encode<H: Send + 'static>(stream: SendableRecordBatchStream, hold: H) -> DataStream {
     let schema = stream.schema();
-    let batches = stream.map_err(|e| FlightError::ExternalError(Box::new(e)));
+    let batches = stream.map_err(|e| FlightError::Tonic(Box::new(status(e))));
     let data = FlightDataEncoderBuilder::new()
         .with_schema(schema)
         .build(batches)
@@ -413,10 +418,12 @@ impl FlightService for Service {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
         let descriptor = request.get_ref();
-        if descriptor.r#type() == DescriptorType::Cmd && flight_sql_message(&descriptor.cmd) {
-            return self.sql.get_schema(request).await;
-        }
-        let schema = self.shared.schema_of(descriptor).await?;
+        let schema =
+            if descriptor.r#type() == DescriptorType::Cmd && flight_sql_message(&descriptor.cmd) {
+                self.sql.command_schema(&descriptor.cmd).await?
+            } else {
+                self.shared.schema_of(descriptor).await?
+            };
         let result: SchemaResult = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
             .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?;

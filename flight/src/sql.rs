@@ -9,7 +9,7 @@ use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionBeginTransactionRequest, ActionBeginTransactionResult,
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, CommandGetCatalogs, CommandGetDbSchemas,
+    ActionCreatePreparedStatementResult, Any, Command, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
     CommandPreparedStatementUpdate, CommandStatementIngest, CommandStatementQuery,
     CommandStatementUpdate, ProstMessageExt, SqlInfo, SqlSupportedTransaction,
@@ -19,7 +19,7 @@ use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
     SchemaAsIpc, Ticket,
 };
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -85,6 +85,31 @@ impl SqlService {
             .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
             .with_descriptor(request.into_inner());
         Ok(Response::new(info))
+    }
+
+    /// The columns a Flight SQL command returns (`GetSchema`).
+    pub async fn command_schema(&self, cmd: &[u8]) -> Result<SchemaRef, Status> {
+        let any = Any::decode(cmd).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let command =
+            Command::try_from(any).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(match command {
+            Command::CommandStatementQuery(q) => self.shared.sql_schema(&q.query).await?,
+            Command::CommandPreparedStatementQuery(q) => {
+                let sql = Self::handle_sql(&q.prepared_statement_handle)?;
+                self.shared.sql_schema(&sql).await?
+            }
+            Command::CommandGetCatalogs(q) => q.into_builder().schema(),
+            Command::CommandGetDbSchemas(q) => q.into_builder().schema(),
+            Command::CommandGetTables(q) => q.into_builder().schema(),
+            Command::CommandGetTableTypes(q) => q.into_builder().schema(),
+            Command::CommandGetSqlInfo(q) => q.into_builder(&INFO).schema(),
+            other => {
+                return Err(Status::unimplemented(format!(
+                    "GetSchema of {}",
+                    other.type_url()
+                )));
+            }
+        })
     }
 
     /// The handle of a prepared statement is its SQL text.

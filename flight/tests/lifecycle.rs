@@ -25,7 +25,8 @@ const ROWS: i64 = 3000;
 /// server send ahead, so the server cannot finish it before the client reads.
 const ENTRIES: i64 = 1_000_000;
 
-fn start_node(dir: &std::path::Path) -> Node {
+/// A node holding `ROWS` accounts and `entries` ledger entries.
+fn start_node(dir: &std::path::Path, entries: i64) -> Node {
     let catalog = Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap());
     let node = Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
@@ -46,7 +47,7 @@ fn start_node(dir: &std::path::Path) -> Node {
         catalog.resolve("bank.ledger").unwrap(),
     );
     let mut last = 0;
-    for chunk in (0..ENTRIES).collect::<Vec<_>>().chunks(20_000) {
+    for chunk in (0..entries.max(ROWS)).collect::<Vec<_>>().chunks(20_000) {
         let txn: Vec<_> = chunk
             .iter()
             .filter(|&&i| i < ROWS)
@@ -54,7 +55,7 @@ fn start_node(dir: &std::path::Path) -> Node {
                 table: accounts,
                 op: RowOp::Insert(vec![Value::Int(i), Value::Int(1000)]),
             })
-            .chain(chunk.iter().map(|&i| TableOp {
+            .chain(chunk.iter().filter(|&&i| i < entries).map(|&i| TableOp {
                 table: ledger,
                 op: RowOp::Insert(vec![Value::Int(i), Value::Int(i)]),
             }))
@@ -71,6 +72,7 @@ fn serve(node: &Node, token: Option<&str>) -> FlightServer {
         node: node.coordinator_addr().unwrap(),
         token: token.map(str::to_owned),
         threads: 2,
+        memory_limit: 256 << 20,
     })
     .unwrap()
 }
@@ -134,7 +136,7 @@ fn tickets(info: &FlightInfo) -> Vec<Ticket> {
 #[test]
 fn a_flight_query_lives_while_read_and_ends_when_read_or_abandoned() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(dir.path());
+    let node = start_node(dir.path(), ENTRIES);
     let running = || {
         node.handle()
             .status()
@@ -255,12 +257,13 @@ fn a_flight_query_lives_while_read_and_ends_when_read_or_abandoned() {
 #[test]
 fn the_token_is_required_and_an_open_address_needs_one() {
     let dir = tempfile::tempdir().unwrap();
-    let node = start_node(dir.path());
+    let node = start_node(dir.path(), 10);
     let err = FlightServer::start(FlightOptions {
         listen: "0.0.0.0:0".parse().unwrap(),
         node: node.coordinator_addr().unwrap(),
         token: None,
         threads: 1,
+        memory_limit: 256 << 20,
     })
     .err()
     .expect("no open address without a token");
@@ -282,10 +285,42 @@ fn the_token_is_required_and_an_open_address_needs_one() {
         let mut right = tonic::Request::new(path(&["bank.accounts"]));
         right
             .metadata_mut()
-            .insert("authorization", "Bearer s3cret".parse().unwrap());
+            .insert("authorization", "bearer s3cret".parse().unwrap());
         let info = c.get_flight_info(right).await.unwrap().into_inner();
         assert!(!info.endpoint.is_empty());
     });
     drop(server);
+    node.shutdown();
+}
+
+#[test]
+fn stopping_does_not_wait_for_a_client_that_holds_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), ENTRIES);
+    let server = serve(&node, None);
+    let rt = runtime();
+    let held = rt.block_on(async {
+        let mut c = client(&server).await;
+        let info = c
+            .get_flight_info(path(&["bank.ledger"]))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut stream = c
+            .do_get(tickets(&info)[0].clone())
+            .await
+            .unwrap()
+            .into_inner();
+        stream.next().await.unwrap().unwrap();
+        (c, stream)
+    });
+    let start = Instant::now();
+    server.stop();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "stopped in {:?} with a stream held open",
+        start.elapsed()
+    );
+    drop(held);
     node.shutdown();
 }

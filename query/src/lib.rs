@@ -144,6 +144,18 @@ impl Retina {
         self
     }
 
+    /// Caps the memory the operators of every session of this connection take together:
+    /// sorts, joins and aggregates spill to temporary files beyond it, or fail. Call it
+    /// before [`Self::with_object_store`].
+    pub fn with_memory_limit(mut self, bytes: usize) -> Result<Retina, DataFusionError> {
+        use datafusion::execution::memory_pool::FairSpillPool;
+        use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+        self.runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(FairSpillPool::new(bytes)))
+            .build_arc()?;
+        Ok(self)
+    }
+
     /// The DataFusion configuration of the sessions [`Self::begin`] makes.
     pub fn with_config(mut self, config: SessionConfig) -> Retina {
         self.config = config;

@@ -43,6 +43,7 @@ pub(super) fn run(rows: usize, runs: usize, shards: u16) -> anyhow::Result<()> {
         node: addr,
         token: None,
         threads,
+        memory_limit: 2 << 30,
     })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

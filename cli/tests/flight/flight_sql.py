@@ -77,6 +77,17 @@ def main():
                 if balance != OPENING + moved:
                     fail(f"account {id_}: {balance} against {moved} moved")
 
+            # A prepared statement (as JDBC runs every statement), and a result's schema
+            # without running it.
+            sql = "SELECT id, balance FROM bank.accounts WHERE id <= 3 ORDER BY id"
+            cur.adbc_prepare(sql)
+            cur.execute(sql)
+            if [r[0] for r in cur.fetchall()] != [1, 2, 3]:
+                fail("a prepared statement's rows")
+            schema = cur.adbc_execute_schema(sql)
+            if schema.names != ["id", "balance"]:
+                fail(f"the schema of a statement: {schema}")
+
             # DuckDB reads the Arrow result.
             cur.execute("SELECT id, owner, balance FROM bank.accounts")
             result = cur.fetch_arrow_table()
