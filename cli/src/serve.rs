@@ -81,7 +81,7 @@ pub struct ServeArgs {
     /// header `authorization: Bearer TOKEN`).
     #[arg(long, env = "RETINA_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
-    /// Serve Arrow Flight and Flight SQL on this address, e.g. 127.0.0.1:7401 (port 0: any
+    /// Serve Arrow Flight and Flight SQL on this address, e.g. 127.0.0.1:8815 (port 0: any
     /// free port): pyarrow, ADBC and JDBC drivers, DuckDB and other engines read the tables at
     /// one snapshot. An address beyond loopback needs --auth-token.
     #[arg(long, value_name = "HOST:PORT")]
@@ -125,6 +125,25 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             await_source: true,
         })
     };
+    if let Some(listen) = args.flight {
+        // Shard n serves scans on the coordinator's port + 1 + n.
+        let scans =
+            args.listen.port().saturating_add(1)..=args.listen.port().saturating_add(shards);
+        let same_host = listen.ip() == args.listen.ip()
+            || listen.ip().is_unspecified()
+            || args.listen.ip().is_unspecified();
+        anyhow::ensure!(
+            !same_host
+                || args.listen.port() == 0
+                || listen.port() == 0
+                || (listen.port() != args.listen.port() && !scans.contains(&listen.port())),
+            "--flight {listen}: ports {} to {} are the coordinator's and its shards' scan \
+             services (--listen {}); choose another port, e.g. 8815",
+            args.listen.port(),
+            scans.end(),
+            args.listen
+        );
+    }
     let mut node = start()?;
     if let Some(addr) = node.coordinator_addr() {
         tracing::info!("coordinator service (Cap'n Proto) on {addr}");
