@@ -136,31 +136,8 @@ fn serve(dir: &Path, source: &Path) -> Served {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines() {
-            let line = line.unwrap_or_default();
-            eprintln!("node: {line}");
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let marker = "Arrow Flight and Flight SQL on ";
-    let flight = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the node logs its Flight address");
-        if let Some(at) = line.find(marker) {
-            break line[at + marker.len()..]
-                .split(|c: char| c.is_whitespace() || c == '\u{1b}')
-                .next()
-                .unwrap()
-                .to_owned();
-        }
-    };
+    let (flight, rx) =
+        retina_tests::logged_after(&mut child, "Arrow Flight and Flight SQL on ", true);
     Served {
         child,
         flight,

@@ -378,29 +378,8 @@ fn serve_listening(
     port: u16,
 ) -> (Child, String, std::sync::mpsc::Receiver<String>) {
     let mut child = serve(dir, source, port, Stdio::null());
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines() {
-            if tx.send(line.unwrap_or_default()).is_err() {
-                break;
-            }
-        }
-    });
-    let marker = "coordinator service (Cap'n Proto) on ";
-    let addr = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the node logs its address");
-        if let Some(at) = line.find(marker) {
-            break line[at + marker.len()..]
-                .split(|c: char| c.is_whitespace() || c == '\u{1b}')
-                .next()
-                .unwrap()
-                .to_owned();
-        }
-    };
+    let (addr, rx) =
+        retina_tests::logged_after(&mut child, "coordinator service (Cap'n Proto) on ", false);
     (child, addr, rx)
 }
 

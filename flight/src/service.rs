@@ -58,6 +58,11 @@ fn flight_sql_message(bytes: &[u8]) -> bool {
     Any::decode(bytes).is_ok_and(|any| any.type_url.starts_with(FLIGHT_SQL_TYPE))
 }
 
+/// A schema that could not be encoded.
+pub(crate) fn schema_status(e: datafusion::arrow::error::ArrowError) -> Status {
+    Status::internal(format!("encoding the schema: {e}"))
+}
+
 /// SQL text from a command descriptor.
 fn sql_text(cmd: &[u8]) -> Result<&str, Status> {
     std::str::from_utf8(cmd).map_err(|_| {
@@ -68,28 +73,34 @@ fn sql_text(cmd: &[u8]) -> Result<&str, Status> {
 }
 
 impl Shared {
+    /// The tables a path descriptor names, in its order (see `names`).
+    async fn path_tables(&self, path: &[String]) -> Result<Vec<TableInfo>, Status> {
+        let tables = self.tables().await?;
+        let all: Vec<String> = tables.iter().map(|t| t.schema.name().to_owned()).collect();
+        let wanted = names::resolve(path, &all)?;
+        Ok(wanted
+            .iter()
+            .map(|name| tables[all.iter().position(|t| t == name).expect("resolved")].clone())
+            .collect())
+    }
+
     /// Begins a query and plans a read of every table `path` names: one endpoint per
     /// partition of each table's scan, every ticket of the one query.
     pub(crate) async fn tables_info(
         &self,
         descriptor: FlightDescriptor,
     ) -> Result<FlightInfo, Status> {
-        let tables = self.tables().await?;
-        let all: Vec<String> = tables.iter().map(|t| t.schema.name().to_owned()).collect();
-        let wanted = names::resolve(&descriptor.path, &all)?;
+        let wanted = self.path_tables(&descriptor.path).await?;
         let (retina, session) = self.begin().await?;
         let mut endpoints = Vec::new();
         let mut schemas: Vec<SchemaRef> = Vec::new();
         let mut rows = 0i64;
-        for name in &wanted {
-            let table = tables
-                .iter()
-                .find(|t| t.schema.name() == name)
-                .expect("resolved against these tables");
+        for table in &wanted {
+            let name = table.schema.name();
             let plan = scan(&session, name).await?;
             for partition in 0..plan.properties().output_partitioning().partition_count() {
                 endpoints.push(Endpoint {
-                    table: Some(name.clone()),
+                    table: Some(name.to_owned()),
                     plan: plan.clone(),
                     partition,
                 });
@@ -153,7 +164,7 @@ impl Shared {
         let meta = json!({"query": query.id, "snapshot": snapshot, "tables": tables});
         let mut info = FlightInfo::new()
             .try_with_schema(schema)
-            .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
+            .map_err(schema_status)?
             .with_descriptor(descriptor)
             .with_total_records(rows)
             .with_ordered(ordered)
@@ -205,7 +216,7 @@ impl Shared {
                 let name = t.schema.name().to_owned();
                 Ok(FlightInfo::new()
                     .try_with_schema(&user_schema(t))
-                    .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
+                    .map_err(schema_status)?
                     .with_descriptor(FlightDescriptor::new_path(vec![name]))
                     .with_total_records(rows as i64)
                     .with_app_metadata(
@@ -220,20 +231,14 @@ impl Shared {
     /// The schema a descriptor reads: one table's, or a statement's.
     async fn schema_of(&self, descriptor: &FlightDescriptor) -> Result<SchemaRef, Status> {
         if descriptor.r#type() == DescriptorType::Path {
-            let tables = self.tables().await?;
-            let all: Vec<String> = tables.iter().map(|t| t.schema.name().to_owned()).collect();
-            let wanted = names::resolve(&descriptor.path, &all)?;
+            let wanted = self.path_tables(&descriptor.path).await?;
             let [one] = wanted.as_slice() else {
                 return Err(Status::invalid_argument(format!(
                     "GetSchema describes one table; the path names {}",
                     wanted.len()
                 )));
             };
-            let t = tables
-                .iter()
-                .find(|t| t.schema.name() == one)
-                .expect("resolved");
-            return Ok(user_schema(t));
+            return Ok(user_schema(one));
         }
         self.sql_schema(sql_text(&descriptor.cmd)?).await
     }
@@ -363,13 +368,9 @@ impl FlightService for Service {
     /// The token travels in a header on every call; a handshake has nothing to add.
     async fn handshake(
         &self,
-        _request: Request<Streaming<HandshakeRequest>>,
+        request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
-        let reply = HandshakeResponse {
-            protocol_version: 0,
-            payload: Default::default(),
-        };
-        Ok(Response::new(futures::stream::iter([Ok(reply)]).boxed()))
+        self.sql.handshake(request).await
     }
 
     async fn list_flights(
@@ -426,7 +427,7 @@ impl FlightService for Service {
             };
         let result: SchemaResult = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
             .try_into()
-            .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?;
+            .map_err(schema_status)?;
         Ok(Response::new(result))
     }
 

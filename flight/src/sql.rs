@@ -20,7 +20,6 @@ use arrow_flight::{
     SchemaAsIpc, Ticket,
 };
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
-use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -28,7 +27,7 @@ use prost::Message;
 use retina_query::user_schema;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::service::{DataStream, select_only, statement_status};
+use crate::service::{DataStream, schema_status};
 use crate::ticket::QueryTicket;
 use crate::{CATALOG, Shared, names};
 
@@ -81,7 +80,7 @@ impl SqlService {
         let ticket = Ticket::new(command.as_any().encode_to_vec());
         let info = FlightInfo::new()
             .try_with_schema(schema)
-            .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
+            .map_err(schema_status)?
             .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
             .with_descriptor(request.into_inner());
         Ok(Response::new(info))
@@ -117,6 +116,13 @@ impl SqlService {
         String::from_utf8(handle.to_vec())
             .map_err(|_| Status::invalid_argument("not a prepared statement of this service"))
     }
+}
+
+/// A schema as an IPC message.
+fn ipc_schema(schema: &Schema) -> Result<IpcMessage, Status> {
+    SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+        .try_into()
+        .map_err(schema_status)
 }
 
 /// One batch as a `DoGet` stream.
@@ -189,20 +195,9 @@ impl FlightSqlService for SqlService {
         _request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         // Plans the statement once to check it and to describe its result.
-        let (_, session) = self.shared.begin().await?;
-        let df = session
-            .context()
-            .sql_with_options(&query.query, select_only())
-            .await
-            .map_err(|e| statement_status(&query.query, e))?;
-        let schema = df.schema().as_arrow().clone();
-        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: ArrowError| Status::internal(format!("encoding the schema: {e}")))?;
-        let IpcMessage(parameter_schema) =
-            SchemaAsIpc::new(&Schema::empty(), &IpcWriteOptions::default())
-                .try_into()
-                .map_err(|e: ArrowError| Status::internal(format!("encoding the schema: {e}")))?;
+        let schema = self.shared.sql_schema(&query.query).await?;
+        let IpcMessage(dataset_schema) = ipc_schema(&schema)?;
+        let IpcMessage(parameter_schema) = ipc_schema(&Schema::empty())?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into_bytes().into(),
             dataset_schema,

@@ -118,14 +118,6 @@ fn waits_for(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn tickets(info: &FlightInfo) -> Vec<Ticket> {
     info.endpoint
         .iter()
@@ -144,7 +136,7 @@ fn a_flight_query_lives_while_read_and_ends_when_read_or_abandoned() {
             .load(Ordering::Relaxed)
     };
     let server = serve(&node, None);
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     rt.block_on(async {
         let mut c = client(&server).await;
         // Read to the end: the query ends with its last stream.
@@ -269,7 +261,7 @@ fn the_token_is_required_and_an_open_address_needs_one() {
     .expect("no open address without a token");
     assert!(matches!(err, FlightStartError::NotLoopback(_)), "{err}");
     let server = serve(&node, Some("s3cret"));
-    runtime().block_on(async {
+    retina_tests::runtime().block_on(async {
         let mut c = client(&server).await;
         let err = c
             .get_flight_info(path(&["bank.accounts"]))
@@ -298,7 +290,7 @@ fn stopping_does_not_wait_for_a_client_that_holds_a_stream() {
     let dir = tempfile::tempdir().unwrap();
     let node = start_node(dir.path(), ENTRIES);
     let server = serve(&node, None);
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     let held = rt.block_on(async {
         let mut c = client(&server).await;
         let info = c

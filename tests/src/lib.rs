@@ -60,3 +60,49 @@ pub fn ints(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<Vec<i64>> 
     }
     rows
 }
+
+/// A two-thread tokio runtime for a test's async clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Reads a child's stderr until a line contains `marker`, and returns the word after it (an
+/// address it logged) with the rest of the log as it comes. Each line also goes to this
+/// test's stderr when `echo` is set.
+pub fn logged_after(
+    child: &mut std::process::Child,
+    marker: &str,
+    echo: bool,
+) -> (String, std::sync::mpsc::Receiver<String>) {
+    let stderr = child.stderr.take().expect("the child's stderr is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if echo {
+                eprintln!("child: {line}");
+            }
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("the child logs `{marker}`"));
+        if let Some(at) = line.find(marker) {
+            let word = line[at + marker.len()..]
+                .split(|c: char| c.is_whitespace() || c == '\u{1b}')
+                .next()
+                .unwrap()
+                .to_owned();
+            return (word, rx);
+        }
+    }
+}

@@ -47,14 +47,6 @@ fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
     .unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Both tables at one session's snapshot.
 async fn read_state(session: &QuerySession) -> State {
     let accounts = ints(
@@ -187,7 +179,7 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
             first.unwrap()
         })
     };
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     let readers: Vec<_> = (0..3)
         .map(|_| {
             let (done, reads) = (done.clone(), reads.clone());
@@ -282,7 +274,7 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
     let node = start(&dir.path().join("data"), 10_000);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     let retina = Retina::connect(addr, "").unwrap();
     for i in 0..5i64 {
         // One row: it sits in the active write-buffer block, never flushed.
@@ -327,7 +319,7 @@ fn bad_statements_and_unknown_tables_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(&dir.path().join("data"), 10_000);
     let addr = node.coordinator_addr().unwrap();
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
         let session = retina.begin().await.unwrap();
@@ -368,7 +360,7 @@ fn a_query_ends_with_its_stream_and_lives_while_renewed() {
     let node = start(&dir.path().join("data"), 300);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     let ts = h
         .submit(&[vec![TableOp {
             table: 0,
@@ -418,7 +410,7 @@ fn refusals_stay_typed_through_datafusion() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(&dir.path().join("data"), 200);
     let addr = node.coordinator_addr().unwrap();
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
         let session = retina.begin().await.unwrap();
@@ -461,7 +453,7 @@ fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() 
         let ts = h.submit(&txns).unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     };
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
         insert(0, 100);
@@ -531,7 +523,7 @@ fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
         let ts = h.submit(&txns).unwrap();
         assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
     };
-    let rt = runtime();
+    let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
         insert(0, 100);

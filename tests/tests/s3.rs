@@ -71,14 +71,6 @@ fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A connector to `node` reading bucket `bucket` of `moto`.
 fn connector(node: &Node, moto: &Moto, bucket: &str) -> Retina {
     let url = url::Url::parse(&format!("s3://{bucket}")).unwrap();
@@ -126,7 +118,7 @@ fn model_through_sql(model: &Model) -> (Vec<Vec<i64>>, Vec<Vec<i64>>) {
 fn check_bank(node: &Node, moto: &Moto, bucket: &str, model: &Model) {
     assert_eq!(visible(node), model.tables, "the node's rows");
     let retina = connector(node, moto, bucket);
-    let through_sql = runtime().block_on(async {
+    let through_sql = retina_tests::runtime().block_on(async {
         let session = retina.begin().await.unwrap();
         bank_through_sql(&session).await
     });
@@ -395,7 +387,7 @@ fn storage_gc_on_s3_deletes_only_what_no_query_reads() {
         regular_files(&store, "c", "t").len() >= 14
     });
     let retina = connector(&node, &moto, "lake-c");
-    runtime().block_on(async {
+    retina_tests::runtime().block_on(async {
         let long = retina.begin().await.unwrap();
         let before = read_t(&long).await;
         assert_eq!(before, (0..GC_ROWS).map(|i| vec![i, 0]).collect::<Vec<_>>());
@@ -475,7 +467,7 @@ fn large_objects_go_up_in_parts() {
             .collect::<Vec<u8>>(),
     );
     let path = object_store::path::Path::from("tables/t/big.parquet");
-    let read = runtime().block_on(async {
+    let read = retina_tests::runtime().block_on(async {
         retina_storage::file::put_object(store.as_ref(), &path, bytes.clone())
             .await
             .unwrap();

@@ -19,10 +19,7 @@ use super::options::{OnError, SinkOptions};
 use super::source::{self, SourceSpec, SourceState, read_span};
 use crate::catalog::Catalog;
 use crate::coordinator::SourceMark;
-use crate::debezium::{
-    ChangeEvent, DebeziumError, Message, ParseOptions, Skipped, SourcePosition, TxnAssembler,
-    parse_line_with,
-};
+use crate::debezium::{ChangeEvent, DebeziumError, Message, Skipped, SourcePosition, TxnAssembler};
 use crate::node::NodeHandle;
 
 /// How long a follower waits at the end of its file before looking again.
@@ -376,17 +373,8 @@ impl Sink<'_> {
         if open.is_none() {
             self.txn_begin = self.line_start;
         }
-        let catalog = self.node.catalog().clone();
-        let lookup = |name: &str| {
-            catalog
-                .resolve(name)
-                .and_then(|id| catalog.get(id).cloned())
-        };
-        let options = ParseOptions {
-            decimal_handling: self.node.decimal_handling(),
-        };
         let status = self.node.status();
-        let result = parse_line_with(line, &pos, &lookup, &options).and_then(|m| {
+        let result = super::parse_line(self.node, line, &pos).and_then(|m| {
             if let Message::Skipped { what, .. } = &m {
                 let counter = match what {
                     Skipped::Heartbeat => &status.heartbeats_skipped,
@@ -420,7 +408,7 @@ impl Sink<'_> {
                     );
                     return true;
                 }
-                let ops = txn_ops(&catalog, txn.events);
+                let ops = txn_ops(self.node.catalog(), txn.events);
                 // Marked now, not when the group is sent: a repeat of a transaction still in the
                 // group is a duplicate too.
                 self.assembler.mark_applied(&txn.id, &txn.end);

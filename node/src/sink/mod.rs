@@ -37,3 +37,21 @@ pub use handle::{SinkHandle, run_sink, spawn, spawn_with};
 pub use msg::{SinkMsg, SinkReport};
 pub use options::{OnError, SinkOptions};
 pub use source::SourceSpec;
+
+/// Parses one source line with the node's catalog and decimal setting.
+fn parse_line(
+    node: &crate::node::NodeHandle,
+    line: &str,
+    pos: &crate::debezium::SourcePosition,
+) -> Result<crate::debezium::Message, crate::debezium::DebeziumError> {
+    let catalog = node.catalog();
+    let lookup = |name: &str| {
+        catalog
+            .resolve(name)
+            .and_then(|id| catalog.get(id).cloned())
+    };
+    let options = crate::debezium::ParseOptions {
+        decimal_handling: node.decimal_handling(),
+    };
+    crate::debezium::parse_line_with(line, pos, &lookup, &options)
+}

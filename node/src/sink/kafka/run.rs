@@ -15,7 +15,7 @@ use super::assemble::{Handed, KafkaAssembler, KafkaTxn};
 use super::fetch::{Fetched, Kafka, Partition};
 use super::spec::KafkaSpec;
 use crate::coordinator::SourceMark;
-use crate::debezium::{ParseOptions, SourcePosition, TxnMode, parse_line_with};
+use crate::debezium::{SourcePosition, TxnMode};
 use crate::node::NodeHandle;
 use crate::sink::actor::{CHECKPOINT_IDS, Ops, txn_ops};
 use crate::sink::barrier::Barriers;
@@ -437,16 +437,7 @@ impl KafkaSink<'_> {
                 .map_err(|e| Err(e.to_string()));
         };
         let text = std::str::from_utf8(&value).map_err(|e| Ok(format!("{pos}: not UTF-8: {e}")))?;
-        let catalog = self.node.catalog().clone();
-        let lookup = |name: &str| {
-            catalog
-                .resolve(name)
-                .and_then(|id| catalog.get(id).cloned())
-        };
-        let options = ParseOptions {
-            decimal_handling: self.node.decimal_handling(),
-        };
-        let msg = parse_line_with(text, &pos, &lookup, &options).map_err(|e| Ok(e.to_string()))?;
+        let msg = crate::sink::parse_line(self.node, text, &pos).map_err(|e| Ok(e.to_string()))?;
         self.assembler
             .push(i as u32, offset, msg)
             .map_err(|e| Err(e.to_string()))
