@@ -56,6 +56,7 @@ pub(crate) fn file_sink(settings: &Settings, file: PathBuf, dead_letter: PathBuf
         group_commit_interval: Duration::from_millis(settings.group_commit_interval_ms),
         checkpoint_interval: None,
         max_txn_bytes: settings.max_txn_bytes,
+        decode_lanes: settings.decode_lanes(),
     }
 }
 

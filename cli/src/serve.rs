@@ -109,6 +109,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
     let max_group_txns = settings.max_group_txns;
     let max_txn_bytes = settings.max_txn_bytes;
+    let decode_lanes = settings.decode_lanes();
     let group_commit_interval = Duration::from_millis(settings.group_commit_interval_ms);
     let checkpoint_interval = (settings.checkpoint_interval_ms > 0)
         .then(|| Duration::from_millis(settings.checkpoint_interval_ms));
@@ -208,6 +209,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         group_commit_interval,
         checkpoint_interval,
         max_txn_bytes,
+        decode_lanes,
     };
 
     // Signals and the sink's end arrive on one queue.

@@ -58,6 +58,9 @@ pub struct Settings {
     /// Most bytes of source text one open transaction may hold while the sink waits for its
     /// END; a larger one is refused (stopped, or dead-lettered with `--on-error skip`).
     pub max_txn_bytes: u64,
+    /// Threads that parse a file or stdin source's lines at once, ahead of the sink, which takes
+    /// their results in source order. 0 means one per available core, at most four.
+    pub decode_lanes: usize,
     /// How a stream without the envelope schema (`schemas.enable=false`) encodes decimals: the
     /// connector's `decimal.handling.mode`. `precise`: base64 big-endian two's-complement
     /// bytes of the unscaled value at the column's scale; `string`: a decimal literal
@@ -89,6 +92,7 @@ impl Default for Settings {
             checkpoint_interval_ms: 10_000,
             query_wait_ms: 10_000,
             max_txn_bytes: 256 << 20,
+            decode_lanes: 0,
             decimal_handling: DecimalHandling::String,
         }
     }
@@ -151,6 +155,15 @@ impl Settings {
             return self.shards;
         }
         std::thread::available_parallelism().map_or(1, |n| n.get().min(u16::MAX as usize) as u16)
+    }
+
+    /// The decode lanes a sink runs: `decode_lanes`, or for 0 one per available core, at most
+    /// four.
+    pub fn decode_lanes(&self) -> usize {
+        if self.decode_lanes > 0 {
+            return self.decode_lanes;
+        }
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
     }
 
     pub fn validate(&self) -> Result<(), SettingsError> {

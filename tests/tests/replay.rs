@@ -63,6 +63,7 @@ fn sink_with(
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
         max_txn_bytes,
+        decode_lanes: 3,
     };
     run_sink(node.handle(), &options)
 }
@@ -528,6 +529,7 @@ fn follow_mode_waits_for_a_character_split_across_writes() {
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
         max_txn_bytes: Settings::default().max_txn_bytes,
+        decode_lanes: 2,
     };
     let sink = retina_node::sink::spawn(node.handle().clone(), options).unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -811,6 +813,7 @@ fn sink_from(node: &Node, source: SourceSpec, mode: TxnMode) -> SinkReport {
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: None,
         max_txn_bytes: Settings::default().max_txn_bytes,
+        decode_lanes: 2,
     };
     run_sink(node.handle(), &options)
 }

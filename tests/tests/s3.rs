@@ -57,6 +57,7 @@ fn sink_options(stream: &Path, checkpoint_every: Option<Duration>) -> SinkOption
         group_commit_interval: Duration::from_millis(2),
         checkpoint_interval: checkpoint_every,
         max_txn_bytes: Settings::default().max_txn_bytes,
+        decode_lanes: 2,
     }
 }
 

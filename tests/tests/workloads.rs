@@ -106,6 +106,7 @@ fn replay_and_compare(
             group_commit_interval: Duration::from_millis(2),
             checkpoint_interval: None,
             max_txn_bytes: retina_node::settings::Settings::default().max_txn_bytes,
+            decode_lanes: 3,
         },
     );
     assert_eq!(report.stopped_by, None);

@@ -4,16 +4,16 @@
 //! it reads its inbox ([`SinkMsg`]).
 
 use std::collections::{BTreeSet, VecDeque};
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use flume::{Receiver, RecvTimeoutError};
+use flume::Receiver;
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
 use super::barrier::Barriers;
 use super::dead_letter::{DeadLetter, dead_letter_offsets, marker};
+use super::decode::{CHUNK_BYTES, Decoded, Lanes, Parsed};
 use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
 use super::source::{self, SourceSpec, SourceState, read_span};
@@ -22,14 +22,13 @@ use crate::coordinator::SourceMark;
 use crate::debezium::{ChangeEvent, DebeziumError, Message, Skipped, SourcePosition, TxnAssembler};
 use crate::node::NodeHandle;
 
-/// How long a follower waits at the end of its file before looking again.
-const FOLLOW_POLL: Duration = Duration::from_millis(5);
+/// How long a follower waits at the end of its file before looking again (and how long the
+/// sink waits for decoded lines before it reads its inbox again).
+pub(super) const FOLLOW_POLL: Duration = Duration::from_millis(5);
 /// How long the sink's last checkpoint waits for an earlier one to finish.
 const FINAL_CHECKPOINT_WAIT: Duration = Duration::from_secs(10);
 /// How long a stopping sink waits for what it handed the node to become visible.
 const STOP_VISIBLE_WAIT: Duration = Duration::from_secs(10);
-/// Read buffer of the source.
-const READ_BUFFER_BYTES: usize = 1 << 20;
 /// A group also closes once its transactions span this many bytes of source, which bounds a
 /// shard's op batch (rkyv's offsets are 32-bit) with [`SinkOptions::max_txn_bytes`].
 const MAX_GROUP_SOURCE_BYTES: u64 = 64 << 20;
@@ -141,66 +140,93 @@ pub(super) fn run(
         catch_up_at: size_at_start,
     };
     sink.report.lines = resume.line;
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, input);
-    // Bytes, not a String: a writer may flush in the middle of a UTF-8 character, and only a
-    // whole line is decoded.
-    let mut line: Vec<u8> = Vec::new();
-    while !sink.stop_asked() {
-        // Close the group when the source has nothing more buffered (a transaction never waits
-        // for the next read to become visible), when it is full, or when it has been open for
-        // the group-commit interval.
-        if !sink.group.is_empty()
-            && (sink.group.len() >= options.max_group_txns
-                || sink.group_end.offset - sink.submitted.offset >= MAX_GROUP_SOURCE_BYTES
-                || reader.buffer().is_empty()
-                || sink.group_opened.elapsed() >= options.group_commit_interval)
-            && !sink.submit()
-        {
-            break;
-        }
-        let n = match reader.read_until(b'\n', &mut line) {
-            Ok(n) => n,
-            Err(e) => {
-                sink.fail(format!("{}: reading the source: {e}", sink.name));
-                break;
-            }
+    let mut lanes = Lanes::start(
+        Arc::new(super::line_parser(node)),
+        sink.name.clone(),
+        input,
+        resume.line,
+        options.follow,
+        options.decode_lanes,
+        CHUNK_BYTES,
+    );
+    // Whether the reader has read everything there is for now (a followed source).
+    let mut at_end = false;
+    'read: while !sink.stop_asked() {
+        // Close the group when nothing more is decoded yet (a transaction never waits for the
+        // next read to become visible).
+        let wait = if sink.group.is_empty() {
+            FOLLOW_POLL
+        } else {
+            Duration::ZERO
         };
-        if n == 0 || line.last() != Some(&b'\n') {
-            // The end, or a line still being written: keep what was read and look again.
-            if !sink.group.is_empty() && !sink.submit() {
+        let chunk = match lanes.next(wait) {
+            Some(Decoded::Lines(chunk)) => chunk,
+            Some(Decoded::End(error)) => {
+                if let Some(e) = error {
+                    sink.fail(format!("{}: {e}", sink.name));
+                }
                 break;
             }
-            sink.check_caught_up(true);
-            if options.follow {
-                if sink.skip_refused() || sink.wait_for_input() {
+            Some(Decoded::Idle) => {
+                at_end = true;
+                if !sink.group.is_empty() && !sink.submit() {
+                    break;
+                }
+                sink.check_caught_up(true);
+                if sink.skip_refused() {
                     break;
                 }
                 continue;
             }
-            if line.is_empty() {
-                break;
-            }
-        }
-        sink.report.lines += 1;
-        sink.line_start = sink.read.offset;
-        sink.read.offset += line.len() as u64;
-        sink.read.line = sink.report.lines;
-        let ok = match std::str::from_utf8(&line) {
-            Ok(text) => sink.on_line(text.trim_end_matches(['\n', '\r'])),
-            Err(e) => {
-                let pos = SourcePosition::new(sink.name.clone(), sink.report.lines);
-                let lossy = String::from_utf8_lossy(&line).trim_end().to_owned();
-                let open = sink.assembler.open_transaction().map(str::to_owned);
-                let error = DebeziumError::Malformed {
-                    pos,
-                    reason: format!("not UTF-8: {e}"),
-                };
-                sink.on_error(error, open, &lossy)
+            None => {
+                if !sink.group.is_empty() {
+                    if !sink.submit() {
+                        break;
+                    }
+                } else if at_end {
+                    sink.check_caught_up(true);
+                    if sink.skip_refused() {
+                        break;
+                    }
+                }
+                continue;
             }
         };
-        line.clear();
-        if !ok {
-            break;
+        at_end = false;
+        let (bytes, lines) = chunk.into_parts();
+        for line in lines {
+            // Close the group when it is full, or has been open for the group-commit interval.
+            if !sink.group.is_empty()
+                && (sink.group.len() >= options.max_group_txns
+                    || sink.group_end.offset - sink.submitted.offset >= MAX_GROUP_SOURCE_BYTES
+                    || sink.group_opened.elapsed() >= options.group_commit_interval)
+                && !sink.submit()
+            {
+                break 'read;
+            }
+            sink.report.lines += 1;
+            sink.line_start = sink.read.offset;
+            sink.read.offset += line.bytes.len() as u64;
+            sink.read.line = sink.report.lines;
+            let text = line.text(&bytes);
+            let ok = match line.parsed {
+                Parsed::Message(parsed) => sink.on_line(text, parsed),
+                Parsed::NotUtf8(e) => {
+                    let pos = SourcePosition::new(sink.name.clone(), sink.report.lines);
+                    let lossy = String::from_utf8_lossy(&bytes[line.bytes.clone()])
+                        .trim_end()
+                        .to_owned();
+                    let open = sink.assembler.open_transaction().map(str::to_owned);
+                    let error = DebeziumError::Malformed {
+                        pos,
+                        reason: format!("not UTF-8: {e}"),
+                    };
+                    sink.on_error(error, open, &lossy)
+                }
+            };
+            if !ok {
+                break 'read;
+            }
         }
     }
     if sink.report.stopped_by.is_none() && sink.report.restart.is_none() {
@@ -323,22 +349,8 @@ impl Sink<'_> {
         }
     }
 
-    /// At the end of a followed source: waits up to [`FOLLOW_POLL`] for more input, or for a
-    /// message. True if it was [`SinkMsg::Stop`].
-    fn wait_for_input(&mut self) -> bool {
-        if self.inbox_open {
-            match self.inbox.recv_timeout(FOLLOW_POLL) {
-                Ok(SinkMsg::Stop) => return true,
-                Err(RecvTimeoutError::Timeout) => return false,
-                Err(RecvTimeoutError::Disconnected) => self.inbox_open = false,
-            }
-        }
-        std::thread::sleep(FOLLOW_POLL);
-        false
-    }
-
-    /// Handles one line; false to stop.
-    fn on_line(&mut self, line: &str) -> bool {
+    /// Handles one line and its parse; false to stop.
+    fn on_line(&mut self, line: &str, parsed: Result<Message, DebeziumError>) -> bool {
         let pos = SourcePosition::new(self.name.clone(), self.report.lines);
         if let Some((id, record)) = &mut self.skipping {
             match marker(line) {
@@ -374,7 +386,7 @@ impl Sink<'_> {
             self.txn_begin = self.line_start;
         }
         let status = self.node.status();
-        let result = super::parse_line(self.node, line, &pos).and_then(|m| {
+        let result = parsed.and_then(|m| {
             if let Message::Skipped { what, .. } = &m {
                 let counter = match what {
                     Skipped::Heartbeat => &status.heartbeats_skipped,

@@ -19,6 +19,8 @@
 //! - `barrier.rs`: checkpoint barriers, when and where the sink puts them;
 //! - `options.rs`: [`SinkOptions`] and [`OnError`];
 //! - `msg.rs`: [`SinkMsg`] (the inbox) and [`SinkReport`] (how a run ended);
+//! - `decode.rs`: decode lanes, which read a file or stdin source and parse its lines on
+//!   several threads, handing them to the run in source order;
 //! - `actor.rs`: the run itself (read, assemble, submit, checkpoint, bad transactions);
 //! - `kafka/`: the run on a Kafka source (Debezium's topic layout, transactions rebuilt across
 //!   partitions, resume offsets per partition), and writing a file's events into that layout;
@@ -27,6 +29,7 @@
 mod actor;
 mod barrier;
 mod dead_letter;
+mod decode;
 mod handle;
 pub mod kafka;
 mod msg;
@@ -44,14 +47,30 @@ fn parse_line(
     line: &str,
     pos: &crate::debezium::SourcePosition,
 ) -> Result<crate::debezium::Message, crate::debezium::DebeziumError> {
-    let catalog = node.catalog();
-    let lookup = |name: &str| {
-        catalog
-            .resolve(name)
-            .and_then(|id| catalog.get(id).cloned())
-    };
+    line_parser(node)(line, pos)
+}
+
+/// Parses source lines with the node's catalog and decimal setting, on any thread (it holds
+/// the catalog, not the node).
+fn line_parser(
+    node: &crate::node::NodeHandle,
+) -> impl Fn(
+    &str,
+    &crate::debezium::SourcePosition,
+) -> Result<crate::debezium::Message, crate::debezium::DebeziumError>
++ Send
++ Sync
++ 'static {
+    let catalog = node.catalog().clone();
     let options = crate::debezium::ParseOptions {
         decimal_handling: node.decimal_handling(),
     };
-    crate::debezium::parse_line_with(line, pos, &lookup, &options)
+    move |line, pos| {
+        let lookup = |name: &str| {
+            catalog
+                .resolve(name)
+                .and_then(|id| catalog.get(id).cloned())
+        };
+        crate::debezium::parse_line_with(line, pos, &lookup, &options)
+    }
 }

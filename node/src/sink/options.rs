@@ -31,4 +31,8 @@ pub struct SinkOptions {
     pub checkpoint_interval: Option<Duration>,
     /// Most bytes of source text an open transaction may hold (`max_txn_bytes`).
     pub max_txn_bytes: u64,
+    /// Threads that parse a file or stdin source's lines at once (at least one); the sink
+    /// takes their results in source order.
+    /// (`Settings::decode_lanes`).
+    pub decode_lanes: usize,
 }
