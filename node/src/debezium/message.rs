@@ -116,19 +116,9 @@ pub struct TxnRef {
     pub data_collection_order: u64,
 }
 
-/// Parses one line of a Debezium JSON stream with the default [`ParseOptions`]; see
-/// [`parse_line_with`].
-pub fn parse_line(
-    line: &str,
-    pos: &SourcePosition,
-    catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
-) -> Result<Message, DebeziumError> {
-    parse_line_with(line, pos, catalog, &ParseOptions::default())
-}
-
-/// Parses one line of a Debezium JSON stream. `catalog` resolves a table name to its schema; it
-/// is asked for `schema.table` (or `db.table`) first and then for the bare table name.
-pub fn parse_line_with(
+/// Parses one line of a Debezium JSON stream (see `parse_line_with`) through its DOM: every
+/// shape, and every error with its text.
+pub(super) fn parse_full(
     line: &str,
     pos: &SourcePosition,
     catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
@@ -210,6 +200,15 @@ fn json_u64(v: Option<&Json>) -> Option<u64> {
         Json::String(s) => s.parse().ok(),
         _ => None,
     }
+}
+
+/// A change event's `transaction` block, if it has all three fields.
+pub(super) fn transaction_ref(t: &Json) -> Option<TxnRef> {
+    Some(TxnRef {
+        id: txn_id(t.get("id"))?,
+        total_order: json_u64(t.get("total_order"))?,
+        data_collection_order: json_u64(t.get("data_collection_order"))?,
+    })
 }
 
 fn parse_txn_marker(
@@ -328,27 +327,15 @@ fn parse_change(
     }
     let txn = match payload.get("transaction") {
         None | Some(Json::Null) => None,
-        Some(t) => {
-            let id = txn_id(t.get("id"));
-            let total_order = json_u64(t.get("total_order"));
-            let dc_order = json_u64(t.get("data_collection_order"));
-            let (Some(id), Some(total_order), Some(data_collection_order)) =
-                (id, total_order, dc_order)
-            else {
-                return Err(malformed(
-                    pos,
-                    format!(
-                        "`transaction` needs `id`, `total_order` and `data_collection_order`, got {}",
-                        describe(t)
-                    ),
-                ));
-            };
-            Some(TxnRef {
-                id,
-                total_order,
-                data_collection_order,
-            })
-        }
+        Some(t) => Some(transaction_ref(t).ok_or_else(|| {
+            malformed(
+                pos,
+                format!(
+                    "`transaction` needs `id`, `total_order` and `data_collection_order`, got {}",
+                    describe(t)
+                ),
+            )
+        })?),
     };
     // A logical decoding message belongs to no table.
     if op == "m" {

@@ -16,18 +16,22 @@
 //!   row images of an event ([`DecimalHandling`], [`ParseOptions`]);
 //! - `message.rs`: one line into a [`Message`] (change events, transaction markers, skipped
 //!   lines);
+//! - `fast.rs`: [`parse_line`]: the common change event (a bare payload) read in one pass
+//!   without a DOM, everything else (and every error) left to `message.rs`;
 //! - `txn.rs`: [`TxnAssembler`], which rebuilds [`Transaction`]s from messages.
 //!
 //! Their tests are under `tests/`, one file per part, with the fixtures they share in
 //! `tests/mod.rs`.
 
 mod error;
+mod fast;
 mod message;
 mod txn;
 mod value;
 
 pub use error::{DebeziumError, SourcePosition};
-pub use message::{ChangeEvent, ChangeOp, Message, Skipped, TxnRef, parse_line, parse_line_with};
+pub use fast::{parse_line, parse_line_with};
+pub use message::{ChangeEvent, ChangeOp, Message, Skipped, TxnRef};
 pub use txn::{
     APPLIED_IDS_REMEMBERED, POSTGRES_CONNECTOR, RecentIds, Transaction, TxnAssembler, TxnMode,
     same_transaction,

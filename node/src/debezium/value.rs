@@ -107,11 +107,20 @@ impl Rows<'_> {
         obj: &Map<String, Json>,
         image: Image,
     ) -> Result<Vec<Value>, DebeziumError> {
+        self.convert_from(|column| obj.get(column), image)
+    }
+
+    /// [`Self::convert`] of an image whose column values `get` looks up by name.
+    pub(super) fn convert_from<'j>(
+        &self,
+        get: impl Fn(&str) -> Option<&'j Json>,
+        image: Image,
+    ) -> Result<Vec<Value>, DebeziumError> {
         let pk = self.table.primary_key();
         let mut row = Vec::with_capacity(self.table.columns().len());
         for (i, col) in self.table.columns().iter().enumerate() {
             let is_key = pk.contains(&i);
-            let Some(json) = obj.get(&col.name) else {
+            let Some(json) = get(&col.name) else {
                 if is_key || (image == Image::After && !col.nullable) {
                     return Err(DebeziumError::MissingColumn {
                         pos: self.pos.clone(),

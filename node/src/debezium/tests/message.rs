@@ -539,3 +539,58 @@ fn lines_without_a_row_change_are_skipped() {
         assert_eq!(e.position(), &at(6), "{bad}");
     }
 }
+
+/// The one-pass read takes the common shapes, and agrees with the DOM parse on each of them
+/// and on the shapes it leaves to it.
+#[test]
+fn the_one_pass_read_agrees_with_the_full_parse() {
+    let options = ParseOptions::default();
+    let full = |line: &str| {
+        format!(
+            "{:?}",
+            super::super::message::parse_full(line, &at(1), &catalog, &options)
+        )
+    };
+    let fast = |line: &str| {
+        super::super::fast::parse_change(line, &at(1), &catalog, &options)
+            .map(|m| format!("{:?}", Ok::<_, DebeziumError>(m)))
+    };
+    let row = json!({"id": 7, "qty": 2, "price": "1.25", "note": "caf\u{e9} \"x\" \\ \n", "created": 5, "day": 3});
+    let mut taken = vec![
+        event("c", Json::Null, row.clone(), Some(("t1", 1))).to_string(),
+        event("r", Json::Null, row.clone(), None).to_string(),
+        event("u", json!({"id": 6}), row.clone(), Some(("t1", 2))).to_string(),
+        event("u", Json::Null, row.clone(), Some(("t1", 3))).to_string(),
+        event("d", row.clone(), Json::Null, Some(("t1", 4))).to_string(),
+        event("t", Json::Null, Json::Null, Some(("t1", 5))).to_string(),
+        // MySQL: `db.table`; no connector; numbers written as strings; a table found bare.
+        json!({"op": "c", "after": {"a": 1, "b": "a", "ok": true, "ratio": 0.5}, "source": {"db": "x", "table": "items"},
+               "transaction": {"id": 9, "total_order": "1", "data_collection_order": "1"}})
+        .to_string(),
+    ];
+    // A repeated key: the last one counts, as in a JSON map.
+    taken.push(
+        r#"{"op":"c","after":{"id":1,"qty":1,"id":2,"qty":3},"source":{"schema":"public","table":"orders"},"op":"c"}"#
+            .to_owned(),
+    );
+    for line in &taken {
+        let got = fast(line).unwrap_or_else(|| panic!("the one-pass read left {line} alone"));
+        assert_eq!(got, full(line), "{line}");
+    }
+    let left = [
+        envelope(event("c", Json::Null, row.clone(), None), orders_fields()),
+        json!({"status": "BEGIN", "id": "t1"}).to_string(),
+        event("m", Json::Null, Json::Null, Some(("t1", 1))).to_string(),
+        // Errors: a missing key, a wrong type, an unknown table, an escaped key.
+        event("c", Json::Null, json!({"qty": 1}), None).to_string(),
+        event("c", Json::Null, json!({"id": "x", "qty": 1}), None).to_string(),
+        json!({"op": "c", "after": {"a": 1}, "source": {"table": "nope"}}).to_string(),
+        r#"{"o\u0070":"c","after":{"id":1,"qty":1},"source":{"table":"orders","schema":"public"}}"#
+            .to_owned(),
+        String::new(),
+        "null".to_owned(),
+    ];
+    for line in &left {
+        assert_eq!(fast(line), None, "{line}");
+    }
+}

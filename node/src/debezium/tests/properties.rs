@@ -127,7 +127,14 @@ fn replay(lines: &[Vec<u8>], asm: &mut TxnAssembler) -> Result<Vec<String>, Test
     for (i, bytes) in lines.iter().enumerate() {
         let pos = SourcePosition::new("events.json", i as u64 + 1);
         let result = match std::str::from_utf8(bytes) {
-            Ok(text) => parse_line(text, &pos, &catalog).and_then(|m| asm.push(m)),
+            Ok(text) => {
+                let parsed = parse_line(text, &pos, &catalog);
+                // The one-pass read of common events agrees with the DOM parse on every line.
+                let full =
+                    super::super::message::parse_full(text, &pos, &catalog, &Default::default());
+                prop_assert_eq!(format!("{parsed:?}"), format!("{full:?}"));
+                parsed.and_then(|m| asm.push(m))
+            }
             Err(e) => Err(DebeziumError::Malformed {
                 pos: pos.clone(),
                 reason: format!("not UTF-8: {e}"),

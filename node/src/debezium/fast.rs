@@ -1,0 +1,233 @@
+//! The entry point of parsing a line ([`parse_line_with`]), and the common change event
+//! without a DOM: a bare payload (`schemas.enable=false`) with `op`
+//! `c`, `r`, `u`, `d` or `t`, read in one pass into the fields the parse needs, borrowing its
+//! names from the line. It answers only when the event is well formed and every value
+//! converts; anything else (an envelope, a transaction marker, a key written with escapes, a
+//! field of an unexpected type, any error) is left to the full parse in `message.rs`, which
+//! gives the same result for the events this one reads (a test checks both agree) and the
+//! errors with their exact texts.
+
+use std::fmt;
+use std::sync::Arc;
+
+use retina_storage::TableSchema;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value as Json;
+
+use super::error::{DebeziumError, SourcePosition};
+use super::message::{ChangeEvent, ChangeOp, Message, parse_full, transaction_ref};
+use super::value::{Image, ParseOptions, Rows, key_only};
+
+/// A row image: its columns as written (a repeated name: the last one counts, as in a map).
+struct Columns<'a>(Vec<(&'a str, Json)>);
+
+impl<'a> Columns<'a> {
+    fn get(&self, name: &str) -> Option<&Json> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v)
+    }
+}
+
+/// `source`: the names the parse reads.
+#[derive(Default)]
+struct Source<'a> {
+    table: Option<&'a str>,
+    schema: Option<&'a str>,
+    db: Option<&'a str>,
+    connector: Option<&'a str>,
+}
+
+/// A bare change event's payload: what the parse reads of it.
+#[derive(Default)]
+struct Payload<'a> {
+    op: Option<&'a str>,
+    before: Option<Columns<'a>>,
+    after: Option<Columns<'a>>,
+    source: Option<Source<'a>>,
+    transaction: Option<Json>,
+}
+
+/// Parses one line of a Debezium JSON stream with the default [`ParseOptions`]; see
+/// [`parse_line_with`].
+pub fn parse_line(
+    line: &str,
+    pos: &SourcePosition,
+    catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
+) -> Result<Message, DebeziumError> {
+    parse_line_with(line, pos, catalog, &ParseOptions::default())
+}
+
+/// Parses one line of a Debezium JSON stream. `catalog` resolves a table name to its schema; it
+/// is asked for `schema.table` (or `db.table`) first and then for the bare table name.
+pub fn parse_line_with(
+    line: &str,
+    pos: &SourcePosition,
+    catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
+    options: &ParseOptions,
+) -> Result<Message, DebeziumError> {
+    match parse_change(line, pos, catalog, options) {
+        Some(m) => Ok(m),
+        None => parse_full(line, pos, catalog, options),
+    }
+}
+
+/// Reads `line` as a bare change event on a catalog table; `None` where the full parse must
+/// decide.
+pub(super) fn parse_change(
+    line: &str,
+    pos: &SourcePosition,
+    catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
+    options: &ParseOptions,
+) -> Option<Message> {
+    let mut de = serde_json::Deserializer::from_str(line);
+    let payload = de.deserialize_map(PayloadVisitor).ok()?;
+    de.end().ok()?;
+    let op = payload.op?;
+    if !matches!(op, "c" | "r" | "u" | "d" | "t") {
+        return None;
+    }
+    let txn = match &payload.transaction {
+        None | Some(Json::Null) => None,
+        Some(t) => Some(transaction_ref(t)?),
+    };
+    let source = payload.source?;
+    let table_name = source.table?;
+    let namespace = source.schema.or(source.db);
+    let mut tried = Vec::with_capacity(2);
+    if let Some(ns) = namespace {
+        tried.push(format!("{ns}.{table_name}"));
+    }
+    tried.push(table_name.to_owned());
+    let table = tried.iter().find_map(|name| catalog(name))?;
+    let data_collection = tried.swap_remove(0);
+    let fields = Default::default();
+    let rows = Rows {
+        table: &table,
+        fields: &fields,
+        pos,
+        options,
+    };
+    let convert = |columns: &Option<Columns<'_>>, image: Image| {
+        let columns = columns.as_ref()?;
+        rows.convert_from(|name| columns.get(name), image).ok()
+    };
+    let change = match op {
+        "c" => ChangeOp::Insert(convert(&payload.after, Image::After)?),
+        "r" => ChangeOp::Upsert(convert(&payload.after, Image::After)?),
+        "d" => ChangeOp::Delete(convert(&payload.before, Image::Before)?),
+        "t" => ChangeOp::Truncate,
+        _ => {
+            let after = convert(&payload.after, Image::After)?;
+            let before = match &payload.before {
+                Some(_) => convert(&payload.before, Image::Before)?,
+                None => key_only(&table, &after),
+            };
+            ChangeOp::Update { before, after }
+        }
+    };
+    Some(Message::Change(ChangeEvent {
+        table,
+        data_collection,
+        op: change,
+        snapshot: op == "r",
+        txn,
+        connector: source.connector.map(str::to_owned),
+        pos: pos.clone(),
+    }))
+}
+
+/// `null` or an object of columns.
+fn image<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Columns<'de>>, A::Error> {
+    map.next_value::<Option<ColumnsSeed>>()
+        .map(|c| c.map(|c| c.0))
+}
+
+struct PayloadVisitor;
+
+impl<'de> Visitor<'de> for PayloadVisitor {
+    type Value = Payload<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a change event")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload<'de>, A::Error> {
+        let mut p = Payload::default();
+        while let Some(key) = map.next_key::<&'de str>()? {
+            match key {
+                "op" => p.op = Some(map.next_value()?),
+                "before" => p.before = image(&mut map)?,
+                "after" => p.after = image(&mut map)?,
+                "source" => p.source = Some(map.next_value::<SourceSeed>()?.0),
+                "transaction" => p.transaction = Some(map.next_value()?),
+                // An envelope, a transaction marker or a schema change: the full parse.
+                "payload" | "schema" | "status" | "ddl" | "tableChanges" => {
+                    return Err(de::Error::custom("not a bare change event"));
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
+struct ColumnsSeed<'a>(Columns<'a>);
+
+impl<'de> de::Deserialize<'de> for ColumnsSeed<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ColumnsSeed<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a row image")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut columns = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(entry) = map.next_entry::<&'de str, Json>()? {
+                    columns.push(entry);
+                }
+                Ok(ColumnsSeed(Columns(columns)))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+struct SourceSeed<'a>(Source<'a>);
+
+impl<'de> de::Deserialize<'de> for SourceSeed<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SourceSeed<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a source block")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut s = Source::default();
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    let slot = match key {
+                        "table" => &mut s.table,
+                        "schema" => &mut s.schema,
+                        "db" => &mut s.db,
+                        "connector" => &mut s.connector,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    // A name that is not a plain string (null, a number, escapes): the full
+                    // parse decides what it means.
+                    *slot = Some(map.next_value::<&'de str>()?);
+                }
+                Ok(SourceSeed(s))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
