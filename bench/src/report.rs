@@ -343,6 +343,22 @@ pub fn charts(results: &Results) -> Vec<(String, Chart, String)> {
         ));
     }
     if let Some(c) = chart_by_key(
+        get("replay"),
+        "Replay from Debezium JSON against decode lanes",
+        "decode lanes",
+        "thousand rows/s",
+        &[
+            ("1 shard", "json_rows_per_s_1_shards_", "_lanes"),
+            ("2 shards", "json_rows_per_s_2_shards_", "_lanes"),
+            ("4 shards", "json_rows_per_s_4_shards_", "_lanes"),
+            ("8 shards", "json_rows_per_s_8_shards_", "_lanes"),
+        ],
+        |x| x.to_string(),
+        1e-3,
+    ) {
+        out.push(("fig-replay-lanes.svg".into(), c, "Not in the paper.".into()));
+    }
+    if let Some(c) = chart_by_key(
         get("gc"),
         "Query latency against the GC interval at 10K rows/s (cf. Figure 14)",
         "GC interval, s",

@@ -73,6 +73,10 @@ enum BenchCommand {
         /// local lake in a temporary folder.
         #[arg(long, value_name = "s3://BUCKET/PREFIX")]
         lake: Option<retina_node::lake::LakeSpec>,
+        /// Decode lanes to measure the JSON replay with, comma-separated (default: the
+        /// `decode_lanes` setting's default, one per core up to four).
+        #[arg(long, value_delimiter = ',')]
+        decode_lanes: Vec<usize>,
     },
     /// Freshness as bench/README.md defines it: the workload emitted at fixed rates, a monitor running
     /// `SELECT max(fresh_ts) FROM district` through the DataFusion connector every 100 ms.
@@ -210,8 +214,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             runs,
             kafka,
             lake,
+            decode_lanes,
         } => replay::run(
             &shards,
+            &decode_lanes,
             warehouses,
             new_orders,
             runs,

@@ -68,6 +68,7 @@ fn lake_for_run(lake: &LakeSpec, run: &str) -> LakeSpec {
 
 pub(super) fn run(
     shard_counts: &[u16],
+    lane_counts: &[usize],
     warehouses: i64,
     new_orders: usize,
     runs: usize,
@@ -114,16 +115,27 @@ pub(super) fn run(
         None => None,
     };
     println!("lake: {lake}");
+    // Without a list, the setting's default, recorded under the names earlier results have.
+    let lanes_given = !lane_counts.is_empty();
+    let lane_counts = if lanes_given {
+        lane_counts.to_vec()
+    } else {
+        vec![Settings::default().decode_lanes()]
+    };
     println!(
-        "{:>7} {:>22} {:>22} {:>22}",
-        "shards", "JSON rows/s (median)", "Kafka rows/s (median)", "batches rows/s (median)"
+        "{:>7} {:>6} {:>22} {:>22} {:>22}",
+        "shards",
+        "lanes",
+        "JSON rows/s (median)",
+        "Kafka rows/s (median)",
+        "batches rows/s (median)"
     );
     for &shards in shard_counts {
         let settings = Settings {
             shards,
             ..Settings::default()
         };
-        let mut from_json = Vec::new();
+        let mut from_json = vec![Vec::new(); lane_counts.len()];
         let mut from_kafka = Vec::new();
         let mut from_batches = Vec::new();
         let run_lake = |data: &std::path::Path| {
@@ -142,26 +154,30 @@ pub(super) fn run(
             )
         };
         for run in 0..runs {
-            // From Debezium JSON: the sink reads, parses, groups, routes and encodes.
-            let data = dir.path().join(format!("json-{shards}-{run}"));
-            let node = start_node(&data)?;
-            let options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
-            let start = Instant::now();
-            let report = run_sink(node.handle(), &options);
-            anyhow::ensure!(
-                report.stopped_by.is_none(),
-                "replay stopped: {:?}",
-                report.stopped_by
-            );
-            let last = report.last_ts.context("nothing replayed")?;
-            anyhow::ensure!(
-                node.handle().wait_visible(last, Duration::from_secs(600)),
-                "HWM did not reach {last}"
-            );
-            from_json.push(rows as f64 / start.elapsed().as_secs_f64());
-            node.shutdown();
-            std::fs::remove_dir_all(&data)?;
-            clear_lake(&run_lake(&data))?;
+            // From Debezium JSON: the decode lanes read and parse, the sink groups, routes and
+            // encodes.
+            for (lanes, from_json) in lane_counts.iter().zip(&mut from_json) {
+                let data = dir.path().join(format!("json-{shards}-{lanes}-{run}"));
+                let node = start_node(&data)?;
+                let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
+                options.decode_lanes = *lanes;
+                let start = Instant::now();
+                let report = run_sink(node.handle(), &options);
+                anyhow::ensure!(
+                    report.stopped_by.is_none(),
+                    "replay stopped: {:?}",
+                    report.stopped_by
+                );
+                let last = report.last_ts.context("nothing replayed")?;
+                anyhow::ensure!(
+                    node.handle().wait_visible(last, Duration::from_secs(600)),
+                    "HWM did not reach {last}"
+                );
+                from_json.push(rows as f64 / start.elapsed().as_secs_f64());
+                node.shutdown();
+                std::fs::remove_dir_all(&data)?;
+                clear_lake(&run_lake(&data))?;
+            }
 
             // The same JSON from Kafka: fetching and rebuilding transactions across partitions.
             if let Some(source) = &kafka_source {
@@ -217,12 +233,31 @@ pub(super) fn run(
             std::fs::remove_dir_all(&data)?;
             clear_lake(&run_lake(&data))?;
         }
-        let (j, b) = (median(&mut from_json), median(&mut from_batches));
+        let b = median(&mut from_batches);
         // The local lake keeps the names earlier results have.
         let on = if lake.is_remote() { "_s3_lake" } else { "" };
         let k = (!from_kafka.is_empty()).then(|| median(&mut from_kafka));
         let shown = k.map_or("-".to_owned(), |k| format!("{k:.0}"));
-        println!("{shards:>7} {j:>22.0} {shown:>22} {b:>22.0}");
+        for (lanes, from_json) in lane_counts.iter().zip(&mut from_json) {
+            let j = median(from_json);
+            println!("{shards:>7} {lanes:>6} {j:>22.0} {shown:>22} {b:>22.0}");
+            if lanes_given {
+                let _ = record(
+                    "replay",
+                    &format!("json_rows_per_s_{shards}_shards_{lanes}_lanes{on}"),
+                    j,
+                    "rows/s",
+                );
+            }
+            if *lanes == Settings::default().decode_lanes() {
+                let _ = record(
+                    "replay",
+                    &format!("json_rows_per_s_{shards}_shards{on}"),
+                    j,
+                    "rows/s",
+                );
+            }
+        }
         if let Some(k) = k {
             let _ = record(
                 "replay",
@@ -231,12 +266,6 @@ pub(super) fn run(
                 "rows/s",
             );
         }
-        let _ = record(
-            "replay",
-            &format!("json_rows_per_s_{shards}_shards{on}"),
-            j,
-            "rows/s",
-        );
         let _ = record(
             "replay",
             &format!("batches_rows_per_s_{shards}_shards{on}"),
