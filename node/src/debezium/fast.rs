@@ -7,6 +7,7 @@
 //! gives the same result for the events this one reads (a test checks both agree) and the
 //! errors with their exact texts.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -21,13 +22,14 @@ use super::value::{Image, ParseOptions, Rows, key_only};
 /// A row image: its columns as written (a repeated name: the last one counts, as in a map).
 struct Columns<'a>(Vec<(&'a str, Json)>);
 
-impl<'a> Columns<'a> {
-    fn get(&self, name: &str) -> Option<&Json> {
+impl Columns<'_> {
+    /// The column's value, taken out (each column is read once).
+    fn take(&mut self, name: &str) -> Option<Json> {
         self.0
-            .iter()
+            .iter_mut()
             .rev()
             .find(|(k, _)| *k == name)
-            .map(|(_, v)| v)
+            .map(|(_, v)| std::mem::take(v))
     }
 }
 
@@ -83,7 +85,7 @@ pub(super) fn parse_change(
     options: &ParseOptions,
 ) -> Option<Message> {
     let mut de = serde_json::Deserializer::from_str(line);
-    let payload = de.deserialize_map(PayloadVisitor).ok()?;
+    let mut payload = de.deserialize_map(PayloadVisitor).ok()?;
     de.end().ok()?;
     let op = payload.op?;
     if !matches!(op, "c" | "r" | "u" | "d" | "t") {
@@ -96,13 +98,13 @@ pub(super) fn parse_change(
     let source = payload.source?;
     let table_name = source.table?;
     let namespace = source.schema.or(source.db);
-    let mut tried = Vec::with_capacity(2);
-    if let Some(ns) = namespace {
-        tried.push(format!("{ns}.{table_name}"));
-    }
-    tried.push(table_name.to_owned());
-    let table = tried.iter().find_map(|name| catalog(name))?;
-    let data_collection = tried.swap_remove(0);
+    // `namespace.table` first, then the bare name; the data collection is the first of them.
+    let qualified = namespace.map(|ns| format!("{ns}.{table_name}"));
+    let table = qualified
+        .as_deref()
+        .and_then(catalog)
+        .or_else(|| catalog(table_name))?;
+    let data_collection = qualified.unwrap_or_else(|| table_name.to_owned());
     let fields = Default::default();
     let rows = Rows {
         table: &table,
@@ -110,19 +112,20 @@ pub(super) fn parse_change(
         pos,
         options,
     };
-    let convert = |columns: &Option<Columns<'_>>, image: Image| {
-        let columns = columns.as_ref()?;
-        rows.convert_from(|name| columns.get(name), image).ok()
+    let convert = |columns: &mut Option<Columns<'_>>, image: Image| {
+        let columns = columns.as_mut()?;
+        rows.convert_from(|name| columns.take(name).map(Cow::Owned), image)
+            .ok()
     };
     let change = match op {
-        "c" => ChangeOp::Insert(convert(&payload.after, Image::After)?),
-        "r" => ChangeOp::Upsert(convert(&payload.after, Image::After)?),
-        "d" => ChangeOp::Delete(convert(&payload.before, Image::Before)?),
+        "c" => ChangeOp::Insert(convert(&mut payload.after, Image::After)?),
+        "r" => ChangeOp::Upsert(convert(&mut payload.after, Image::After)?),
+        "d" => ChangeOp::Delete(convert(&mut payload.before, Image::Before)?),
         "t" => ChangeOp::Truncate,
         _ => {
-            let after = convert(&payload.after, Image::After)?;
-            let before = match &payload.before {
-                Some(_) => convert(&payload.before, Image::Before)?,
+            let after = convert(&mut payload.after, Image::After)?;
+            let before = match payload.before {
+                Some(_) => convert(&mut payload.before, Image::Before)?,
                 None => key_only(&table, &after),
             };
             ChangeOp::Update { before, after }

@@ -2,6 +2,7 @@
 //! integers, floats, decimals in every encoding Debezium writes, dates, timestamps, times of
 //! day), and an event's row images to rows ([`Rows`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use base64::Engine as _;
@@ -107,13 +108,14 @@ impl Rows<'_> {
         obj: &Map<String, Json>,
         image: Image,
     ) -> Result<Vec<Value>, DebeziumError> {
-        self.convert_from(|column| obj.get(column), image)
+        self.convert_from(|column| obj.get(column).map(Cow::Borrowed), image)
     }
 
-    /// [`Self::convert`] of an image whose column values `get` looks up by name.
+    /// [`Self::convert`] of an image whose column values `get` looks up by name (an owned
+    /// string value becomes the column's value without a copy).
     pub(super) fn convert_from<'j>(
         &self,
-        get: impl Fn(&str) -> Option<&'j Json>,
+        mut get: impl FnMut(&str) -> Option<Cow<'j, Json>>,
         image: Image,
     ) -> Result<Vec<Value>, DebeziumError> {
         let pk = self.table.primary_key();
@@ -141,12 +143,18 @@ impl Rows<'_> {
                 column: col.name.clone(),
                 reason,
             };
-            let field = self
-                .fields
-                .get(col.name.as_str())
-                .copied()
-                .unwrap_or_default();
-            let value = convert(col, json, field, self.options).map_err(value_error)?;
+            let field = if self.fields.is_empty() {
+                FieldType::default()
+            } else {
+                self.fields
+                    .get(col.name.as_str())
+                    .copied()
+                    .unwrap_or_default()
+            };
+            let value = match json {
+                Cow::Owned(Json::String(s)) if col.ty == ColumnType::Utf8 => Value::Utf8(s),
+                json => convert(col, &json, field, self.options).map_err(value_error)?,
+            };
             // A before image's non-key columns may be null even where the column is NOT NULL
             // (Postgres sends only the key under REPLICA IDENTITY DEFAULT).
             let unchecked = image == Image::Before && !is_key && value == Value::Null;

@@ -213,7 +213,7 @@ pub(super) fn run(
                 Parsed::Message(parsed) => sink.on_line(text, parsed),
                 Parsed::NotUtf8(e) => {
                     let pos = SourcePosition::new(sink.name.clone(), sink.report.lines);
-                    let lossy = String::from_utf8_lossy(&bytes[line.bytes.clone()])
+                    let lossy = String::from_utf8_lossy(&bytes.bytes()[line.bytes.clone()])
                         .trim_end()
                         .to_owned();
                     let open = sink.assembler.open_transaction().map(str::to_owned);

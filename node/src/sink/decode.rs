@@ -54,21 +54,41 @@ pub(super) enum Decoded {
 
 /// Lines read together, and their parses.
 pub(super) struct Chunk {
-    bytes: Vec<u8>,
+    bytes: ChunkBytes,
     lines: Vec<Line>,
+}
+
+/// A chunk's bytes: text when every line of it is UTF-8 (checked once, by the lane).
+pub(super) enum ChunkBytes {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl ChunkBytes {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            ChunkBytes::Text(s) => s.as_bytes(),
+            ChunkBytes::Bytes(b) => b,
+        }
+    }
 }
 
 impl Chunk {
     /// Its bytes, and its lines (whose ranges index those bytes).
-    pub(super) fn into_parts(self) -> (Vec<u8>, Vec<Line>) {
+    pub(super) fn into_parts(self) -> (ChunkBytes, Vec<Line>) {
         (self.bytes, self.lines)
     }
 }
 
 impl Line {
-    /// The line's text (without its line ending) in its chunk's `bytes`.
-    pub(super) fn text<'a>(&self, bytes: &'a [u8]) -> &'a str {
-        std::str::from_utf8(&bytes[self.text.clone()]).unwrap_or("")
+    /// The line's text (without its line ending) in its chunk's bytes (empty for a line that is
+    /// not UTF-8).
+    pub(super) fn text<'a>(&self, bytes: &'a ChunkBytes) -> &'a str {
+        match bytes {
+            // Line ends are ASCII, so a line's range lies on character boundaries.
+            ChunkBytes::Text(s) => &s[self.text.clone()],
+            ChunkBytes::Bytes(b) => std::str::from_utf8(&b[self.text.clone()]).unwrap_or(""),
+        }
     }
 }
 
@@ -76,9 +96,14 @@ impl Line {
 pub(super) type Parse =
     Arc<dyn Fn(&str, &SourcePosition) -> Result<Message, DebeziumError> + Send + Sync>;
 
-/// What the reader deals out: whole lines, numbered from `first_line`, or an event.
+/// What the reader deals out: `count` whole lines (the last may lack its newline at the end of
+/// a file), numbered after `first_line`, or an event.
 enum Work {
-    Lines { bytes: Vec<u8>, first_line: u64 },
+    Lines {
+        bytes: Vec<u8>,
+        first_line: u64,
+        count: usize,
+    },
     Idle,
     End(Option<String>),
 }
@@ -156,15 +181,30 @@ fn decode(
         let decoded = match w {
             Work::Idle => Decoded::Idle,
             Work::End(e) => Decoded::End(e),
-            Work::Lines { bytes, first_line } => {
-                let mut lines = Vec::new();
+            Work::Lines {
+                bytes,
+                first_line,
+                count,
+            } => {
+                // One check of the whole chunk; line by line only where it fails.
+                let bytes = match String::from_utf8(bytes) {
+                    Ok(text) => ChunkBytes::Text(text),
+                    Err(e) => ChunkBytes::Bytes(e.into_bytes()),
+                };
+                let all = bytes.bytes();
+                let mut lines = Vec::with_capacity(count);
                 let mut start = 0;
                 let mut number = first_line;
-                while start < bytes.len() {
-                    let end = memchr(b'\n', &bytes[start..]).map_or(bytes.len(), |i| start + i + 1);
+                while start < all.len() {
+                    let end =
+                        memchr::memchr(b'\n', &all[start..]).map_or(all.len(), |i| start + i + 1);
                     number += 1;
-                    let raw = &bytes[start..end];
-                    let (text, parsed) = match std::str::from_utf8(raw) {
+                    let raw = &all[start..end];
+                    let checked = match &bytes {
+                        ChunkBytes::Text(s) => Ok(&s[start..end]),
+                        ChunkBytes::Bytes(_) => std::str::from_utf8(raw),
+                    };
+                    let (text, parsed) = match checked {
                         Ok(s) => {
                             let trimmed = s.trim_end_matches(['\n', '\r']);
                             let pos = SourcePosition::new(name.clone(), number);
@@ -189,11 +229,6 @@ fn decode(
             return;
         }
     }
-}
-
-/// The position of the first `byte` in `hay`.
-fn memchr(byte: u8, hay: &[u8]) -> Option<usize> {
-    hay.iter().position(|&b| b == byte)
 }
 
 /// The reader: reads the source, deals whole lines out to the lanes in turn, at most
@@ -238,9 +273,11 @@ fn read(
                 // The last line counts without a newline.
                 if !pending.is_empty() {
                     let bytes = std::mem::take(&mut pending);
+                    let count = memchr::memchr_iter(b'\n', &bytes).count() + 1;
                     if !deal(Work::Lines {
                         bytes,
                         first_line: line,
+                        count,
                     }) {
                         return;
                     }
@@ -263,18 +300,19 @@ fn read(
         }
         idle = false;
         // Deal what ends with a newline; keep the partial line after it.
-        let Some(last) = pending[len..].iter().rposition(|&b| b == b'\n') else {
+        let Some(last) = memchr::memrchr(b'\n', &pending[len..]) else {
             continue;
         };
         let rest = pending[len + last + 1..].to_vec();
         pending.truncate(len + last + 1);
         let whole = std::mem::replace(&mut pending, rest);
-        let count = whole.iter().filter(|&&b| b == b'\n').count() as u64;
+        let count = memchr::memchr_iter(b'\n', &whole).count();
         let first_line = line;
-        line += count;
+        line += count as u64;
         if !deal(Work::Lines {
             bytes: whole,
             first_line,
+            count,
         }) {
             return;
         }
