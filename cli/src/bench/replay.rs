@@ -153,60 +153,55 @@ pub(super) fn run(
                 false,
             )
         };
+        // One timed replay through the sink (`what` names the source in errors): rows/s until
+        // HWM passes its last transaction.
+        let timed_sink_run = |data: &std::path::Path,
+                              options: &retina_node::sink::SinkOptions,
+                              what: &str|
+         -> anyhow::Result<f64> {
+            let node = start_node(data)?;
+            let start = Instant::now();
+            let report = run_sink(node.handle(), options);
+            anyhow::ensure!(
+                report.stopped_by.is_none(),
+                "replay{what} stopped: {:?}",
+                report.stopped_by
+            );
+            let last = report
+                .last_ts
+                .with_context(|| format!("nothing replayed{what}"))?;
+            anyhow::ensure!(
+                node.handle().wait_visible(last, Duration::from_secs(600)),
+                "HWM did not reach {last}"
+            );
+            anyhow::ensure!(
+                report.transactions == txns.len() as u64,
+                "{} of {} transactions came{what}",
+                report.transactions,
+                txns.len()
+            );
+            let rate = rows as f64 / start.elapsed().as_secs_f64();
+            node.shutdown();
+            std::fs::remove_dir_all(data)?;
+            clear_lake(&run_lake(data))?;
+            Ok(rate)
+        };
         for run in 0..runs {
             // From Debezium JSON: the decode lanes read and parse, the sink groups, routes and
             // encodes.
             for (lanes, from_json) in lane_counts.iter().zip(&mut from_json) {
                 let data = dir.path().join(format!("json-{shards}-{lanes}-{run}"));
-                let node = start_node(&data)?;
                 let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
                 options.decode_lanes = *lanes;
-                let start = Instant::now();
-                let report = run_sink(node.handle(), &options);
-                anyhow::ensure!(
-                    report.stopped_by.is_none(),
-                    "replay stopped: {:?}",
-                    report.stopped_by
-                );
-                let last = report.last_ts.context("nothing replayed")?;
-                anyhow::ensure!(
-                    node.handle().wait_visible(last, Duration::from_secs(600)),
-                    "HWM did not reach {last}"
-                );
-                from_json.push(rows as f64 / start.elapsed().as_secs_f64());
-                node.shutdown();
-                std::fs::remove_dir_all(&data)?;
-                clear_lake(&run_lake(&data))?;
+                from_json.push(timed_sink_run(&data, &options, "")?);
             }
 
             // The same JSON from Kafka: fetching and rebuilding transactions across partitions.
             if let Some(source) = &kafka_source {
                 let data = dir.path().join(format!("kafka-{shards}-{run}"));
-                let node = start_node(&data)?;
                 let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
                 options.source = source.clone();
-                let start = Instant::now();
-                let report = run_sink(node.handle(), &options);
-                anyhow::ensure!(
-                    report.stopped_by.is_none(),
-                    "replay from Kafka stopped: {:?}",
-                    report.stopped_by
-                );
-                let last = report.last_ts.context("nothing replayed from Kafka")?;
-                anyhow::ensure!(
-                    node.handle().wait_visible(last, Duration::from_secs(600)),
-                    "HWM did not reach {last}"
-                );
-                anyhow::ensure!(
-                    report.transactions == txns.len() as u64,
-                    "{} of {} transactions came from Kafka",
-                    report.transactions,
-                    txns.len()
-                );
-                from_kafka.push(rows as f64 / start.elapsed().as_secs_f64());
-                node.shutdown();
-                std::fs::remove_dir_all(&data)?;
-                clear_lake(&run_lake(&data))?;
+                from_kafka.push(timed_sink_run(&data, &options, " from Kafka")?);
             }
 
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.

@@ -41,15 +41,6 @@ pub use msg::{SinkMsg, SinkReport};
 pub use options::{OnError, SinkOptions};
 pub use source::SourceSpec;
 
-/// Parses one source line with the node's catalog and decimal setting.
-fn parse_line(
-    node: &crate::node::NodeHandle,
-    line: &str,
-    pos: &crate::debezium::SourcePosition,
-) -> Result<crate::debezium::Message, crate::debezium::DebeziumError> {
-    line_parser(node)(line, pos)
-}
-
 /// Parses source lines with the node's catalog and decimal setting, on any thread (it holds
 /// the catalog, not the node).
 fn line_parser(

@@ -75,6 +75,7 @@ pub(in crate::sink) fn run(
     };
     let mut sink = KafkaSink {
         node,
+        parse: Arc::new(super::super::line_parser(node)),
         options,
         spec,
         inbox,
@@ -174,6 +175,8 @@ fn source_state(
 
 struct KafkaSink<'a> {
     node: &'a NodeHandle,
+    /// Parses a record's text with the node's catalog.
+    parse: super::super::decode::Parse,
     options: &'a SinkOptions,
     spec: &'a KafkaSpec,
     inbox: &'a Receiver<SinkMsg>,
@@ -437,7 +440,7 @@ impl KafkaSink<'_> {
                 .map_err(|e| Err(e.to_string()));
         };
         let text = std::str::from_utf8(&value).map_err(|e| Ok(format!("{pos}: not UTF-8: {e}")))?;
-        let msg = crate::sink::parse_line(self.node, text, &pos).map_err(|e| Ok(e.to_string()))?;
+        let msg = (self.parse)(text, &pos).map_err(|e| Ok(e.to_string()))?;
         self.assembler
             .push(i as u32, offset, msg)
             .map_err(|e| Err(e.to_string()))
