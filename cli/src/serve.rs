@@ -40,15 +40,19 @@ pub struct ServeArgs {
     /// columns with the source's fractional-second precision: without the envelope schema an
     /// integer time is read in the unit it implies (`TIMESTAMP(0..3)`/`TIME(0..3)`:
     /// milliseconds, `(4..6)`: microseconds, `(7..9)`: nanoseconds; undeclared: 6). MySQL's
-    /// plain DATETIME is DATETIME(0): declare it so.
+    /// plain DATETIME is DATETIME(0): declare it so. With a Postgres source it may be left
+    /// out: the publication's tables are then read from Postgres.
     #[arg(long)]
-    schema: PathBuf,
+    schema: Option<PathBuf>,
     /// The change stream: `file:PATH` or `stdin` (Debezium JSON, one message per line), or
     /// Debezium's topics on Kafka: `kafka://HOST:PORT[,HOST:PORT...]?topic_prefix=PREFIX`
     /// (the connector's `topic.prefix`; optional `topics=A,B` or `topics_regex=RE` instead of
     /// every `PREFIX.*` topic, `transaction_topic=T` (default `PREFIX.transaction`), and
     /// `max_buffered=N`, the events of later transactions held while one waits for a slower
-    /// partition, default 1000000).
+    /// partition, default 1000000), or a Postgres publication through a logical replication
+    /// slot: `postgres://USER[:PASSWORD]@HOST:PORT/DB?publication=PUB&slot=SLOT` (optional
+    /// `sslmode=require|verify-ca|verify-full`, `sslrootcert=PATH`; the password also from
+    /// PGPASSWORD or ~/.pgpass). The first run creates the slot and copies the tables.
     #[arg(long)]
     source: SourceSpec,
     /// Replayer shards (default: the config file's, else one per core).
@@ -95,6 +99,28 @@ pub struct ServeArgs {
     metrics: Option<SocketAddr>,
 }
 
+/// The catalog: the `--schema` file's tables, or a Postgres publication's as Postgres defines
+/// them.
+pub fn load_catalog(
+    schema: Option<&std::path::Path>,
+    source: &SourceSpec,
+) -> anyhow::Result<Catalog> {
+    match (schema, source) {
+        (Some(path), _) => {
+            let ddl = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the schema {}", path.display()))?;
+            Ok(Catalog::from_ddl(&ddl, &path.display().to_string())?)
+        }
+        (None, SourceSpec::Postgres(spec)) => {
+            let ddl = retina_node::sink::postgres::read_catalog_ddl(spec)
+                .map_err(|e| anyhow::anyhow!("reading the catalog from Postgres: {e}"))?;
+            tracing::info!("the tables as Postgres defines them:\n{ddl}");
+            Ok(Catalog::from_ddl(&ddl, &spec.to_string())?)
+        }
+        (None, _) => anyhow::bail!("--schema is needed (only a Postgres source can do without)"),
+    }
+}
+
 pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     // Absolute once: the node and the dead-letter file must not depend on the working folder.
     args.data_dir = retina_node::node::absolute_dir(&args.data_dir)
@@ -104,9 +130,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         settings.shards = n;
     }
     settings.validate()?;
-    let ddl = std::fs::read_to_string(&args.schema)
-        .with_context(|| format!("reading the schema {}", args.schema.display()))?;
-    let catalog = Arc::new(Catalog::from_ddl(&ddl, &args.schema.display().to_string())?);
+    let catalog = Arc::new(load_catalog(args.schema.as_deref(), &args.source)?);
     let max_group_txns = settings.max_group_txns;
     let max_txn_bytes = settings.max_txn_bytes;
     let decode_lanes = settings.decode_lanes();
@@ -193,8 +217,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 
     let options = SinkOptions {
         source: args.source.clone(),
-        // A Kafka topic has no end: the node reads on as it grows.
-        follow: args.follow || matches!(args.source, SourceSpec::Kafka(_)),
+        // A Kafka topic or a replication slot has no end: the node reads on as it grows.
+        follow: args.follow
+            || matches!(args.source, SourceSpec::Kafka(_) | SourceSpec::Postgres(_)),
         mode: if args.no_txn_metadata {
             TxnMode::NoMetadata
         } else {

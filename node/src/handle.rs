@@ -39,11 +39,18 @@ pub struct NodeHandle {
     pub(crate) resume_state: Arc<[u8]>,
     /// How the sink reads decimals of a stream without the envelope schema.
     pub(crate) decimal_handling: DecimalHandling,
+    /// The node's data directory (absolute).
+    pub(crate) data_dir: Arc<std::path::Path>,
 }
 
 impl NodeHandle {
     pub fn status(&self) -> &Arc<NodeStatus> {
         &self.status
+    }
+
+    /// The node's data directory (absolute).
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {

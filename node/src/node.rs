@@ -386,6 +386,7 @@ impl Node {
                 resume: persisted.checkpoint.map(|c| c.source),
                 resume_state,
                 decimal_handling: settings.decimal_handling,
+                data_dir: options.data_dir.as_path().into(),
             },
             _lock: lock,
             coordinator,

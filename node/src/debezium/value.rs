@@ -355,7 +355,7 @@ pub(super) fn rescale(unscaled: i128, from: i64, to: i8) -> Result<i128, String>
 
 /// Parses a decimal literal (`-12.50`, `+3`, `.5`, `1.5e-3`) into its unscaled value at
 /// `scale`, exactly: fractional digits beyond the scale are an error unless they are zeros.
-pub(super) fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
+pub(crate) fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
     let bad = || format!("{s:?} is not a decimal number");
     let (negative, rest) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
@@ -513,16 +513,19 @@ pub(super) fn to_date(v: &Json, name: Option<&str>) -> Result<i32, String> {
             i32::try_from(micros.div_euclid(MICROS_PER_DAY))
                 .map_err(|_| format!("{n} ({unit:?}) is out of the date range"))
         }
-        Json::String(s) => {
-            let d = NaiveDate::parse_from_str(s, "%Y-%m-%d")
-                .map_err(|e| format!("{s:?} is not a YYYY-MM-DD date: {e}"))?;
-            days_since_epoch(d)
-        }
+        Json::String(s) => parse_date(s),
         other => Err(format!(
             "expected a date (days or YYYY-MM-DD), got {}",
             describe(other)
         )),
     }
+}
+
+/// A `YYYY-MM-DD` date as days since 1970-01-01.
+pub(crate) fn parse_date(s: &str) -> Result<i32, String> {
+    let d = NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .map_err(|e| format!("{s:?} is not a YYYY-MM-DD date: {e}"))?;
+    days_since_epoch(d)
 }
 
 /// A timestamp as microseconds since the epoch, UTC: an integer in the unit its semantic type
@@ -569,19 +572,7 @@ fn to_time(v: &Json, name: Option<&str>, precision: Option<u8>) -> Result<i64, S
             }
             to_micros(n, unit)?
         }
-        Json::String(s) => {
-            let text = s.strip_suffix('Z').unwrap_or(s);
-            let end_of_day = text == "24:00:00"
-                || (text.starts_with("24:00:00.") && text[9..].bytes().all(|b| b == b'0'));
-            if end_of_day {
-                MICROS_PER_DAY
-            } else {
-                let t = NaiveTime::parse_from_str(text, "%H:%M:%S%.f")
-                    .map_err(|e| format!("{s:?} is not a HH:MM:SS[.f] time of day: {e}"))?;
-                i64::from(t.num_seconds_from_midnight()) * 1_000_000
-                    + i64::from(t.nanosecond() / 1000)
-            }
-        }
+        Json::String(s) => parse_time_of_day(s)?,
         other => {
             return Err(format!(
                 "expected a time of day (integer or HH:MM:SS), got {}",
@@ -595,10 +586,24 @@ fn to_time(v: &Json, name: Option<&str>, precision: Option<u8>) -> Result<i64, S
     Ok(micros)
 }
 
+/// `HH:MM:SS[.f]` text (a trailing `Z` allowed) as microseconds since midnight; `24:00:00` is
+/// the end of the day.
+pub(crate) fn parse_time_of_day(s: &str) -> Result<i64, String> {
+    let text = s.strip_suffix('Z').unwrap_or(s);
+    let end_of_day = text == "24:00:00"
+        || (text.starts_with("24:00:00.") && text[9..].bytes().all(|b| b == b'0'));
+    if end_of_day {
+        return Ok(MICROS_PER_DAY);
+    }
+    let t = NaiveTime::parse_from_str(text, "%H:%M:%S%.f")
+        .map_err(|e| format!("{s:?} is not a HH:MM:SS[.f] time of day: {e}"))?;
+    Ok(i64::from(t.num_seconds_from_midnight()) * 1_000_000 + i64::from(t.nanosecond() / 1000))
+}
+
 /// Parses `io.debezium.time.ZonedTimestamp` text (RFC 3339, `Z` or an offset) and plain
 /// `YYYY-MM-DD[ T]HH:MM:SS[.f]` or `YYYY-MM-DD`, which are taken as UTC. Sub-microsecond digits
 /// are truncated toward negative infinity.
-pub(super) fn parse_timestamp(s: &str) -> Result<i64, String> {
+pub(crate) fn parse_timestamp(s: &str) -> Result<i64, String> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.timestamp_micros());
     }

@@ -41,7 +41,7 @@ pub(super) const CHECKPOINT_IDS: usize = 8192;
 fn source_state(assembler: &TxnAssembler) -> SourceState {
     SourceState {
         applied: assembler.recent_applied(CHECKPOINT_IDS),
-        kafka: None,
+        ..Default::default()
     }
 }
 
@@ -74,8 +74,10 @@ pub(super) fn run(
     options: &SinkOptions,
     inbox: &Receiver<SinkMsg>,
 ) -> SinkReport {
-    if let SourceSpec::Kafka(spec) = &options.source {
-        return super::kafka::run(node, options, spec, inbox);
+    match &options.source {
+        SourceSpec::Kafka(spec) => return super::kafka::run(node, options, spec, inbox),
+        SourceSpec::Postgres(spec) => return super::postgres::run(node, options, spec, inbox),
+        SourceSpec::File(_) | SourceSpec::Stdin => {}
     }
     let resume = node.resume().unwrap_or_default();
     let opened = source::open(&options.source, resume.offset);
@@ -586,7 +588,7 @@ impl Sink<'_> {
             },
             // Skipping means replaying from the checkpoint, and stdin cannot be read again (a
             // Kafka source refuses skip at its start).
-            SourceSpec::Stdin | SourceSpec::Kafka(_) => {
+            SourceSpec::Stdin | SourceSpec::Kafka(_) | SourceSpec::Postgres(_) => {
                 self.report.stopped_by = Some(format!(
                     "{described}. With --on-error skip a transaction a shard refused is skipped by \
                      replaying from the checkpoint, which stdin cannot do: replay from a file"

@@ -31,7 +31,8 @@ impl Barriers {
         }
     }
 
-    /// Puts a barrier after a group if the checkpoint interval has passed since the last one.
+    /// Puts a barrier after a group if the checkpoint interval has passed since the last one;
+    /// returns its checkpoint's id if it put one.
     pub(super) fn after_group(
         &mut self,
         node: &NodeHandle,
@@ -39,57 +40,65 @@ impl Barriers {
         submitted: SourceMark,
         state: impl FnOnce() -> SourceState,
         report: &mut SinkReport,
-    ) {
+    ) -> Option<u64> {
         if options
             .checkpoint_interval
             .is_some_and(|every| self.last.elapsed() >= every)
         {
-            self.put(node, submitted, state, report);
+            return self.put(node, submitted, state, report);
         }
+        None
     }
 
     /// Puts a barrier after everything submitted, taken at `submitted` with the sink's
-    /// `state`, unless one is there already or one is still on its way.
+    /// `state`, unless one is there already or one is still on its way; returns its
+    /// checkpoint's id if it put one.
     pub(super) fn put(
         &mut self,
         node: &NodeHandle,
         submitted: SourceMark,
         state: impl FnOnce() -> SourceState,
         report: &mut SinkReport,
-    ) {
+    ) -> Option<u64> {
         self.last = Instant::now();
         if self.at == submitted {
-            return;
+            return None;
         }
         match node.checkpoint(submitted, state().encode()) {
-            Ok(Some(_)) => {
+            Ok(Some(id)) => {
                 self.at = submitted;
                 report.checkpoints += 1;
+                Some(id)
             }
             // One is still on its way; the next group tries again.
-            Ok(None) => {}
-            Err(e) => tracing::warn!("checkpoint barrier: {e}"),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!("checkpoint barrier: {e}");
+                None
+            }
         }
     }
 
     /// A barrier after everything submitted, waiting for one still on its way to finish first
-    /// (while the node has no error).
+    /// (while the node has no error); returns its checkpoint's id if it put one.
     pub(super) fn last(
         &mut self,
         node: &NodeHandle,
         submitted: SourceMark,
         mut state: impl FnMut() -> SourceState,
         report: &mut SinkReport,
-    ) {
+    ) -> Option<u64> {
         let start = Instant::now();
+        let mut put = None;
         while self.at != submitted
             && node.status().error().is_none()
             && start.elapsed() < FINAL_WAIT
         {
-            self.put(node, submitted, &mut state, report);
+            put = self.put(node, submitted, &mut state, report).or(put);
             if self.at != submitted {
                 std::thread::sleep(RETRY);
             }
         }
+        put
     }
 }

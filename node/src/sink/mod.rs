@@ -24,6 +24,8 @@
 //! - `actor.rs`: the run itself (read, assemble, submit, checkpoint, bad transactions);
 //! - `kafka/`: the run on a Kafka source (Debezium's topic layout, transactions rebuilt across
 //!   partitions, resume offsets per partition), and writing a file's events into that layout;
+//! - `postgres/`: the run on a Postgres publication through a logical replication slot (the
+//!   first run's consistent copy, then the stream, confirmed to Postgres once checkpointed);
 //! - `handle.rs`: [`spawn`], [`SinkHandle`] and [`run_sink`].
 
 mod actor;
@@ -34,6 +36,7 @@ mod handle;
 pub mod kafka;
 mod msg;
 mod options;
+pub mod postgres;
 mod source;
 
 pub use handle::{SinkHandle, run_sink, spawn, spawn_with};

@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::kafka::KafkaSpec;
+use super::postgres::PostgresSpec;
 
 /// Where change events come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +18,9 @@ pub enum SourceSpec {
     Stdin,
     /// Debezium's topics on Kafka (`kafka://HOST:PORT,...?topic_prefix=PREFIX`).
     Kafka(KafkaSpec),
+    /// A publication read through a logical replication slot
+    /// (`postgres://USER@HOST:PORT/DB?publication=PUB&slot=SLOT`).
+    Postgres(PostgresSpec),
 }
 
 impl FromStr for SourceSpec {
@@ -26,13 +30,17 @@ impl FromStr for SourceSpec {
         if let Some(rest) = s.strip_prefix("kafka://") {
             return KafkaSpec::parse(rest).map(SourceSpec::Kafka);
         }
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return PostgresSpec::parse(s).map(SourceSpec::Postgres);
+        }
         match s {
             "stdin" | "-" => Ok(SourceSpec::Stdin),
             _ => match s.strip_prefix("file:") {
                 Some(p) if !p.is_empty() => Ok(SourceSpec::File(p.into())),
                 _ => Err(format!(
-                    "source `{s}`: expected `file:PATH`, `stdin` or \
-                     `kafka://HOST:PORT[,...]?topic_prefix=PREFIX`"
+                    "source `{s}`: expected `file:PATH`, `stdin`, \
+                     `kafka://HOST:PORT[,...]?topic_prefix=PREFIX` or \
+                     `postgres://USER@HOST:PORT/DB?publication=PUB&slot=SLOT`"
                 )),
             },
         }
@@ -46,6 +54,7 @@ impl fmt::Display for SourceSpec {
             SourceSpec::File(p) => write!(f, "{}", p.display()),
             SourceSpec::Stdin => f.write_str("stdin"),
             SourceSpec::Kafka(k) => k.fmt(f),
+            SourceSpec::Postgres(p) => p.fmt(f),
         }
     }
 }
@@ -59,6 +68,7 @@ pub(super) type OpenedSource = (Arc<str>, Box<dyn Read + Send>, Option<u64>);
 pub(super) fn open(source: &SourceSpec, offset: u64) -> std::io::Result<OpenedSource> {
     match source {
         SourceSpec::Kafka(k) => Err(std::io::Error::other(format!("{k} is not a byte stream"))),
+        SourceSpec::Postgres(p) => Err(std::io::Error::other(format!("{p} is not a byte stream"))),
         SourceSpec::Stdin => {
             let mut input = std::io::stdin();
             std::io::copy(&mut (&mut input).take(offset), &mut std::io::sink()).map(|skipped| {
@@ -107,6 +117,17 @@ pub(super) struct SourceState {
     /// A Kafka source's partitions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) kafka: Option<KafkaState>,
+    /// A Postgres source's position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) postgres: Option<PostgresState>,
+}
+
+/// Where a Postgres source resumes: after the commit that ends at `lsn` (every transaction
+/// committed before it is in the checkpoint), on `slot`.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(super) struct PostgresState {
+    pub(super) slot: String,
+    pub(super) lsn: u64,
 }
 
 /// Where a Kafka source resumes: each partition's (`topic/partition`) oldest offset still
@@ -158,6 +179,15 @@ mod tests {
         let state = SourceState {
             applied: vec!["571".into(), "t2".into()],
             kafka: None,
+            postgres: None,
+        };
+        assert_eq!(SourceState::decode(&state.encode()), Ok(state));
+        let state = SourceState {
+            postgres: Some(PostgresState {
+                slot: "s".into(),
+                lsn: 22_228_232,
+            }),
+            ..Default::default()
         };
         assert_eq!(SourceState::decode(&state.encode()), Ok(state));
         assert!(SourceState::decode(b"{").is_err());

@@ -170,6 +170,7 @@ fn source_state(
                 .map(|(id, at)| (id, at.into_iter().map(|(i, o)| (name(i), o)).collect()))
                 .collect(),
         }),
+        postgres: None,
     }
 }
 
