@@ -108,11 +108,17 @@ impl PgServer {
     /// For tests: a server, or `None` (with a note) where none is installed; CI installs one
     /// (`.ci/run`), so there a missing server is a failure, not a skip.
     pub fn for_test() -> Option<PgServer> {
+        Self::for_test_with(&[])
+    }
+
+    /// [`PgServer::for_test`] with more server settings.
+    pub fn for_test_with(settings: &[&str]) -> Option<PgServer> {
         if postgres_bin().is_none() && std::env::var_os("CI").is_none() {
             eprintln!("skipped: no PostgreSQL server (apt-get install postgresql)");
             return None;
         }
-        Some(PgServer::start(&["fsync=off"]).expect("a PostgreSQL server on loopback"))
+        let all: Vec<&str> = ["fsync=off"].iter().chain(settings).copied().collect();
+        Some(PgServer::start(&all).expect("a PostgreSQL server on loopback"))
     }
 
     fn run(&self, program: &str, args: &[&str], as_postgres: bool) -> Result<String, String> {

@@ -68,17 +68,27 @@ pub(crate) async fn monitor_freshness(
     retina: &Retina,
     end: Instant,
     from_us: i64,
+    sample: impl FnMut(f64),
+) -> anyhow::Result<()> {
+    monitor_freshness_of(retina, "district", end, from_us, sample).await
+}
+
+/// [`monitor_freshness`] on the `fresh_ts` of `table`.
+pub(crate) async fn monitor_freshness_of(
+    retina: &Retina,
+    table: &str,
+    end: Instant,
+    from_us: i64,
     mut sample: impl FnMut(f64),
 ) -> anyhow::Result<()> {
     use arrow::array::AsArray;
     use arrow::datatypes::TimestampMicrosecondType;
+    let query = format!("SELECT max(fresh_ts) FROM {table}");
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let session = retina.begin().await?;
         let at = now_us();
-        let batches = session
-            .collect("SELECT max(fresh_ts) FROM district")
-            .await?;
+        let batches = session.collect(&query).await?;
         let newest = batches
             .iter()
             .filter(|b| b.num_rows() > 0 && b.column(0).is_valid(0))

@@ -8,9 +8,14 @@
 //! rows of every supported type inserted, updated and deleted (with NULLs, text with quotes and
 //! non-ASCII characters, infinite floats), big transactions, and a table truncated now and
 //! then (that one with `REPLICA IDENTITY FULL`). The node is killed with SIGKILL several times
-//! during the stream and started again. Every query on the way sees the bank's total intact (no
+//! during the stream and started again, on a server whose `wal_sender_timeout` is 3 s. Every query on the way sees the bank's total intact (no
 //! partial transaction, nothing twice, nothing lost), and at the end every table equals what
 //! Postgres itself returns, value by value.
+//!
+//! The second test: what the source refuses, and how it says so (a missing publication, a table
+//! without a primary key or with a type the lake cannot hold when the catalog is read from
+//! Postgres, a replica identity that is not the catalog's key: replay stops before that
+//! transaction, naming it, and what came before stays visible).
 //!
 //! `RETINA_PG_KILLS` sets the number of kills (default 4).
 
@@ -489,7 +494,9 @@ fn read(
 
 #[test]
 fn postgres_source_copies_streams_and_survives_kills() {
-    let Some(pg) = PgServer::for_test() else {
+    // A short sender timeout: the node's status updates must keep the session alive through
+    // the load, the kills and the catch-ups.
+    let Some(pg) = PgServer::for_test_with(&["wal_sender_timeout=3s"]) else {
         return;
     };
     pg.psql("postgres", &format!("CREATE DATABASE {DB}"))

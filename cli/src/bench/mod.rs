@@ -10,6 +10,7 @@ mod flight;
 mod freshness;
 mod gc;
 mod generate;
+mod pgsource;
 mod recovery;
 mod replay;
 mod report;
@@ -49,6 +50,29 @@ enum BenchCommand {
         /// The folder to write to (created if missing).
         #[arg(long)]
         out: std::path::PathBuf,
+    },
+    /// The Postgres source against a real server on loopback (Debian's `postgresql`):
+    /// changes/s read from a replication slot that pgbench filled (multi-statement transfers
+    /// from several clients), beside the same transactions as a Debezium JSON file, and
+    /// freshness from a Postgres commit to visible while pgbench runs at a rate.
+    Postgres {
+        /// Transactions pgbench writes before each throughput run (five row changes each).
+        #[arg(long, default_value_t = 100_000)]
+        txns: u64,
+        /// pgbench clients.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Throughput runs; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Change rates for freshness (row changes per second), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000")]
+        rates: Vec<u64>,
+        /// Seconds per freshness rate.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
     },
     /// Replay throughput with each shard count, from Debezium JSON and from pre-encoded batches.
     Replay {
@@ -224,6 +248,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             kafka,
             lake.unwrap_or_default(),
         ),
+        BenchCommand::Postgres {
+            txns,
+            clients,
+            runs,
+            rates,
+            seconds,
+            shards,
+        } => pgsource::run(txns, clients, runs, &rates, seconds, shards),
         BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,

@@ -15,8 +15,9 @@ pub(crate) fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// A replication connection that has not started streaming yet, on its own current-thread
-/// runtime (the sink's thread blocks on it).
+/// A replication connection that has not started streaming yet, on a runtime of its own: one
+/// worker thread (`retina-pg`) runs the connection (keepalives, status updates) whatever the
+/// sink's thread is doing; the sink's thread blocks on its events.
 pub(crate) struct Session {
     pub(crate) rt: tokio::runtime::Runtime,
     pub(crate) client: ReplicationClient,
@@ -27,7 +28,9 @@ impl Session {
     /// Connects and authenticates; streaming starts at `start` (zero: where the slot's
     /// confirmed position is), reporting `start` as flushed until told more.
     pub(crate) fn connect(spec: &PostgresSpec, start: Lsn) -> Result<Session, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("retina-pg")
             .enable_all()
             .build()
             .map_err(|e| format!("{spec}: a runtime for the connection: {e}"))?;
