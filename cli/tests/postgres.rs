@@ -623,15 +623,38 @@ fn postgres_source_copies_streams_and_survives_kills() {
     }
     let ledger_rows: usize = expected[1].values().sum();
     assert!(ledger_rows > 10_000, "{ledger_rows} ledger rows");
-    // The slot was confirmed as far as a checkpoint: it holds no more than needed.
-    let confirmed = pg
-        .psql(
-            DB,
-            "SELECT confirmed_flush_lsn > '0/0' FROM pg_replication_slots \
-             WHERE slot_name = 'retina_test'",
-        )
-        .unwrap();
-    assert_eq!(confirmed.trim(), "t");
+    // The slot is confirmed as far as checkpoints go, and, once the node is idle, past WAL
+    // that holds nothing for it (writes to a table outside the publication): Postgres does not
+    // keep WAL for the node that it will never need.
+    pg.psql(
+        DB,
+        "CREATE TABLE unpublished (id int PRIMARY KEY);
+         INSERT INTO unpublished SELECT generate_series(1, 50000);",
+    )
+    .unwrap();
+    let written = pg.psql(DB, "SELECT pg_current_wal_lsn()").unwrap();
+    let start = Instant::now();
+    loop {
+        let passed = pg
+            .psql(
+                DB,
+                &format!(
+                    "SELECT confirmed_flush_lsn >= '{}' FROM pg_replication_slots \
+                     WHERE slot_name = 'retina_test'",
+                    written.trim()
+                ),
+            )
+            .unwrap();
+        if passed.trim() == "t" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the slot stayed behind {written}\n{}",
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     eprintln!(
         "{kills} kills, {queries} queries; {} rows in the end",
         expected
@@ -758,4 +781,109 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
     });
     assert_eq!(ids, [1, 2], "the transactions before the refused one");
     drop(served);
+}
+
+#[test]
+fn postgres_source_dead_letters_with_on_error_skip() {
+    let Some(pg) = PgServer::for_test() else {
+        return;
+    };
+    pg.psql("postgres", "CREATE DATABASE skip").unwrap();
+    pg.psql(
+        "skip",
+        "CREATE TABLE events (id int PRIMARY KEY, day date);
+         CREATE PUBLICATION p FOR TABLE events;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports();
+    let _served = serve(
+        dir.path(),
+        port,
+        &pg.source_url("skip", "p", "s"),
+        &["--on-error", "skip"],
+    );
+    let start = Instant::now();
+    while !log(dir.path()).contains("streaming from") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The middle transaction holds a date the lake has no value for.
+    pg.psql(
+        "skip",
+        "INSERT INTO events VALUES (1, '2024-01-01');
+         BEGIN; INSERT INTO events VALUES (2, '2024-01-02'); INSERT INTO events VALUES (3, 'infinity'); COMMIT;
+         INSERT INTO events VALUES (4, '2024-01-04');",
+    )
+    .unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let rt = retina_tests::runtime();
+    let start = Instant::now();
+    let ids = loop {
+        let ids = rt.block_on(async {
+            let retina = Retina::connect(addr, "").map_err(|e| e.to_string())?;
+            let session = retina.begin().await.map_err(|e| e.to_string())?;
+            let batches = session
+                .collect("SELECT id FROM public.events ORDER BY id")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(
+                batches
+                    .iter()
+                    .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
+                    .collect::<Vec<i32>>(),
+            )
+        });
+        if let Ok(ids) = ids
+            && (ids.len() >= 2 || start.elapsed() > Duration::from_secs(30))
+        {
+            break ids;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        ids,
+        [1, 4],
+        "the bad transaction is skipped whole\n{}",
+        log(dir.path())
+    );
+    let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = dead
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 1, "{dead}");
+    let r = &records[0];
+    let reason = r["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("column `day`: \"infinity\" has no value in the lake")
+            && reason.contains("(transaction "),
+        "{reason}"
+    );
+    assert_eq!(
+        r["transaction"],
+        serde_json::Value::String(
+            reason
+                .split("(transaction ")
+                .nth(1)
+                .unwrap()
+                .split(')')
+                .next()
+                .unwrap()
+                .to_owned()
+        )
+    );
+    let lines: Vec<&str> = r["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "both changes of the transaction: {lines:?}");
+    assert!(lines[1].contains("infinity"), "{lines:?}");
+    assert!(r["offset"].as_u64().unwrap() > 0);
 }

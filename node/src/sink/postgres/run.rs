@@ -94,6 +94,13 @@ struct PgSink<'a> {
     /// Checkpoints put, with the position each records, oldest first: once one is complete
     /// its position is confirmed to Postgres.
     pending_acks: VecDeque<(u64, u64)>,
+    /// The position of the newest complete checkpoint (with checkpoints off: of what is
+    /// visible).
+    durable_lsn: u64,
+    /// How far the server has sent, as its last keepalive said.
+    sent_lsn: u64,
+    /// The position last confirmed to Postgres.
+    confirmed_lsn: u64,
     submitted: SourceMark,
     barriers: Barriers,
     /// Dead-letter records a run before a restart wrote, by where they end.
@@ -138,6 +145,9 @@ impl<'a> PgSink<'a> {
             handed_lsn: 0,
             in_flight: VecDeque::new(),
             pending_acks: VecDeque::new(),
+            durable_lsn: 0,
+            sent_lsn: 0,
+            confirmed_lsn: 0,
             submitted: resume,
             barriers: Barriers::new(resume),
             dead_lettered_before: BTreeSet::new(),
@@ -176,6 +186,8 @@ impl<'a> PgSink<'a> {
                 self.resume_lsn = pg.lsn;
                 self.read_lsn = pg.lsn;
                 self.handed_lsn = pg.lsn;
+                self.durable_lsn = pg.lsn;
+                self.confirmed_lsn = pg.lsn;
                 self.dead_lettered_before = dead_letter_offsets(&self.options.dead_letter, pg.lsn)?;
                 let mut session = Session::connect(self.spec, Lsn::from_u64(pg.lsn))?;
                 if session.slot_plugin()?.is_none() {
@@ -332,6 +344,8 @@ impl<'a> PgSink<'a> {
         self.read_lsn = start.as_u64();
         self.handed_lsn = start.as_u64();
         self.resume_lsn = start.as_u64();
+        // The slot starts there: confirmed already.
+        self.confirmed_lsn = start.as_u64();
         let submitted = self.submitted;
         let deadline = Instant::now() + COPY_CHECKPOINT_WAIT;
         let id = loop {
@@ -371,6 +385,7 @@ impl<'a> PgSink<'a> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             let _ = std::fs::remove_file(marker);
+            self.durable_lsn = start.as_u64();
         }
         tracing::info!(
             "{}: copied {} rows in {} transactions",
@@ -474,6 +489,7 @@ impl<'a> PgSink<'a> {
                 Ok(true)
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
+                self.sent_lsn = self.sent_lsn.max(wal_end.as_u64());
                 self.caught_up_now(Some(wal_end.as_u64()));
                 Ok(false)
             }
@@ -769,7 +785,22 @@ impl<'a> PgSink<'a> {
             confirmed = self.pending_acks.pop_front().map(|(_, l)| l);
         }
         if let Some(l) = confirmed {
-            stream.client.update_applied_lsn(Lsn::from_u64(l));
+            self.durable_lsn = self.durable_lsn.max(l);
+        }
+        // Idle, with everything read durable: what the server has sent since holds nothing for
+        // this publication (other tables, other databases), and the slot need not keep it.
+        let idle = self.open.is_none()
+            && self.group.is_empty()
+            && self.pending_acks.is_empty()
+            && self.read_lsn <= self.durable_lsn;
+        let target = if idle {
+            self.durable_lsn.max(self.sent_lsn)
+        } else {
+            self.durable_lsn
+        };
+        if target > self.confirmed_lsn {
+            self.confirmed_lsn = target;
+            stream.client.update_applied_lsn(Lsn::from_u64(target));
         }
     }
 
