@@ -41,6 +41,16 @@ impl PgServer {
     /// Initialises a cluster in a new temporary folder and starts it on a free port.
     /// `settings`: more `-c name=value` server settings.
     pub fn start(settings: &[&str]) -> Result<PgServer, String> {
+        Self::start_with(settings, false)
+    }
+
+    /// [`PgServer::start`] with TLS on (`ssl = on`), with a self-signed certificate for
+    /// `localhost` made by `openssl`.
+    pub fn start_tls(settings: &[&str]) -> Result<PgServer, String> {
+        Self::start_with(settings, true)
+    }
+
+    fn start_with(settings: &[&str], tls: bool) -> Result<PgServer, String> {
         let bin = postgres_bin().ok_or(
             "no PostgreSQL server: install one with `apt-get install postgresql` (Debian)",
         )?;
@@ -57,6 +67,39 @@ impl PgServer {
             port,
             as_root: is_root(),
         };
+        let mut options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical \
+             -c max_wal_senders=16 -c max_replication_slots=16",
+            server.dir.display()
+        );
+        if tls {
+            let (cert, key) = (server.dir.join("server.crt"), server.dir.join("server.key"));
+            server.run(
+                "openssl",
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=localhost",
+                    "-keyout",
+                    &key.display().to_string(),
+                    "-out",
+                    &cert.display().to_string(),
+                ],
+                false,
+            )?;
+            server.run("chmod", &["600", &key.display().to_string()], false)?;
+            options += &format!(
+                " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            );
+        }
         if server.as_root {
             server.run(
                 "chown",
@@ -80,11 +123,6 @@ impl PgServer {
             ],
             true,
         )?;
-        let mut options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical \
-             -c max_wal_senders=16 -c max_replication_slots=16",
-            server.dir.display()
-        );
         for s in settings {
             options += &format!(" -c {s}");
         }

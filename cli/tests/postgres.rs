@@ -887,3 +887,44 @@ fn postgres_source_dead_letters_with_on_error_skip() {
     assert!(lines[1].contains("infinity"), "{lines:?}");
     assert!(r["offset"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn postgres_sources_use_tls_when_asked() {
+    if std::env::var_os("CI").is_none()
+        && (retina_bench::postgres::postgres_bin().is_none()
+            || Command::new("openssl").arg("version").output().is_err())
+    {
+        eprintln!("skipped: no PostgreSQL server or no openssl");
+        return;
+    }
+    let pg = PgServer::start_tls(&["fsync=off"]).unwrap();
+    pg.psql("postgres", "CREATE DATABASE secure").unwrap();
+    pg.psql(
+        "secure",
+        "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2);
+         CREATE PUBLICATION p FOR TABLE t;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports();
+    let url = format!("{}&sslmode=require", pg.source_url("secure", "p", "s"));
+    let _served = serve(dir.path(), port, &url, &[]);
+    let start = Instant::now();
+    while !log(dir.path()).contains("copied 2 rows") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The session Postgres saw was encrypted.
+    let ssl = pg
+        .psql(
+            "secure",
+            "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'retina'",
+        )
+        .unwrap();
+    assert_eq!(ssl.trim(), "t", "{}", log(dir.path()));
+}
