@@ -412,6 +412,7 @@ impl<'a> PgSink<'a> {
                     if !self.group.is_empty() && !self.submit(true) {
                         return;
                     }
+                    self.barrier_if_due();
                     if self.caught_up_now(None) && !self.options.follow {
                         return;
                     }
@@ -744,17 +745,9 @@ impl<'a> PgSink<'a> {
                 self.submitted.offset += self.group.len() as u64;
                 self.submitted.line = self.report.lines;
                 self.group.clear();
+                self.handed_lsn = self.read_lsn;
                 if barrier {
-                    self.handed_lsn = self.read_lsn;
-                    if let Some(id) = self.barriers.after_group(
-                        self.node,
-                        self.options,
-                        self.submitted,
-                        self.state(),
-                        &mut self.report,
-                    ) {
-                        self.pending_acks.push_back((id, self.handed_lsn));
-                    }
+                    self.barrier_if_due();
                 }
                 true
             }
@@ -762,6 +755,21 @@ impl<'a> PgSink<'a> {
                 self.fail(format!("{}: {e}", self.spec));
                 false
             }
+        }
+    }
+
+    /// Puts a checkpoint barrier after everything handed over if the checkpoint interval has
+    /// passed since the last (after a group, and while the stream is quiet, so that the last
+    /// transactions before a pause are checkpointed and confirmed too).
+    fn barrier_if_due(&mut self) {
+        if let Some(id) = self.barriers.after_group(
+            self.node,
+            self.options,
+            self.submitted,
+            self.state(),
+            &mut self.report,
+        ) {
+            self.pending_acks.push_back((id, self.handed_lsn));
         }
     }
 
