@@ -234,6 +234,20 @@ impl PgServer {
             .collect())
     }
 
+    /// Restarts the server (a fast shutdown: sessions are ended, as in a failover).
+    pub fn restart(&self) -> Result<(), String> {
+        let data = self.dir.join("data").display().to_string();
+        let pg_ctl = self.bin.join("pg_ctl").display().to_string();
+        // With its log file, as at the start: the server must not hold this process's pipes.
+        let log = self.dir.join("server.log").display().to_string();
+        self.run(
+            &pg_ctl,
+            &["-D", &data, "-l", &log, "-m", "fast", "-w", "restart"],
+            true,
+        )
+        .map(|_| ())
+    }
+
     /// The server's `bin` folder (`pgbench`, `psql`).
     pub fn bin(&self) -> &Path {
         &self.bin

@@ -298,7 +298,11 @@ impl Node {
                     .name("retina-coordinator")
                     .io_memory(EXECUTOR_IO_MEMORY)
                     .spawn(move || async move {
-                        if let Some(fd) = listener_fd {
+                        // Canceled when the actor stops, which closes the listener: a node
+                        // started again in this process can bind the port at once.
+                        let stop =
+                            listener_fd.and_then(|fd| crate::rpc::ListenerStop::new(fd).ok());
+                        let rpc = listener_fd.map(|fd| {
                             let (coord, catalog, token, lease_ms, endpoints, store_url) = service;
                             // SAFETY: the descriptor is a bound, non-blocking TCP listener whose
                             // ownership passed here from `into_raw_fd`.
@@ -310,9 +314,13 @@ impl Node {
                             glommio::spawn_local(crate::coordinator::service::serve(
                                 listener, coord, catalog, token, lease_ms, endpoints, store_url,
                             ))
-                            .detach();
+                        });
+                        let ran = actor.run(coord_rx, own, tick).await;
+                        if let Some(rpc) = rpc {
+                            rpc.cancel().await;
                         }
-                        actor.run(coord_rx, own, tick).await
+                        drop(stop);
+                        ran
                     })
                     .map_err(spawn_err("the coordinator".into()))?,
             );

@@ -120,6 +120,52 @@ impl bootstrap::Server for Bootstrap {
     }
 }
 
+/// Stops a listener whose descriptor a glommio task owns, when that task is canceled: glommio
+/// closes a dropped listener through its ring, which an executor that is ending may never get
+/// to, so the port would stay taken and a node started again in this process could not bind
+/// it. This holds a duplicate of the descriptor and shuts the socket down (it stops listening).
+pub struct ListenerStop(std::os::fd::RawFd);
+
+impl ListenerStop {
+    /// A stop for the listener `fd` (before its ownership passes to the task).
+    pub fn new(fd: std::os::fd::RawFd) -> std::io::Result<Self> {
+        // SAFETY: dup of a descriptor this process owns; the copy is closed in `drop`.
+        let copy = unsafe { libc::dup(fd) };
+        if copy < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(ListenerStop(copy))
+    }
+}
+
+impl Drop for ListenerStop {
+    fn drop(&mut self) {
+        // SAFETY: the duplicate is this value's own; shutting a listening socket down takes
+        // it out of the listening state for every descriptor of it.
+        unsafe {
+            libc::shutdown(self.0, libc::SHUT_RDWR);
+            libc::close(self.0);
+        }
+    }
+}
+
+/// The descriptors of the accept loop's open connections; shut down when it is dropped.
+#[derive(Default)]
+struct LiveConnections(Rc<std::cell::RefCell<std::collections::HashSet<std::os::fd::RawFd>>>);
+
+impl Drop for LiveConnections {
+    fn drop(&mut self) {
+        for &fd in self.0.borrow().iter() {
+            // SAFETY: a connection's socket that is still open (its task removes it when it
+            // ends); shutting it down ends it for the client without closing the descriptor,
+            // which the connection's task still owns.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    }
+}
+
 /// Called once when a connection ends.
 pub type OnClose = Option<Box<dyn FnOnce()>>;
 
@@ -131,6 +177,10 @@ pub async fn accept_loop(
     what: &'static str,
 ) {
     let open = Rc::new(Cell::new(0usize));
+    // Connections still open when this loop is dropped (its task canceled as the node stops)
+    // are shut down: their tasks are detached and may never run again, and a client must see
+    // the connection end rather than wait on it.
+    let live = LiveConnections::default();
     loop {
         let stream = match listener.accept().await {
             Ok(s) => s,
@@ -145,6 +195,8 @@ pub async fn accept_loop(
             continue;
         }
         let _ = stream.set_nodelay(true);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        live.0.borrow_mut().insert(fd);
         let (reader, writer) = stream.split();
         let mut options = capnp::message::ReaderOptions::new();
         options.traversal_limit_in_words(Some(TRAVERSAL_LIMIT_WORDS));
@@ -159,10 +211,12 @@ pub async fn accept_loop(
         let system = RpcSystem::new(Box::new(network), Some(bootstrap.client));
         open.set(open.get() + 1);
         let open = open.clone();
+        let live = live.0.clone();
         glommio::spawn_local(async move {
             if let Err(e) = system.await {
                 tracing::debug!("{what}: a connection ended: {e}");
             }
+            live.borrow_mut().remove(&fd);
             open.set(open.get() - 1);
             if let Some(f) = on_close {
                 f();

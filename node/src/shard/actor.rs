@@ -81,7 +81,12 @@ impl ShardActor {
         data: flume::Receiver<ShardMsg>,
     ) {
         let queries = Rc::new(RefCell::new(RunningQueries::default()));
-        if let Some(fd) = setup.scan_listener {
+        // Canceled when the actor stops, which closes the listener: a node started again in
+        // this process can bind the port at once.
+        let stop = setup
+            .scan_listener
+            .and_then(|fd| crate::rpc::ListenerStop::new(fd).ok());
+        let scan = setup.scan_listener.map(|fd| {
             // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
             let listener =
                 unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
@@ -92,8 +97,7 @@ impl ShardActor {
                 queries.clone(),
                 setup.auth_token.clone(),
             ))
-            .detach();
-        }
+        });
         // Timers never act: they send a tick into the actor.
         let ticks: [(Duration, fn() -> ShardMsg); 2] = [
             (setup.flush_interval, || ShardMsg::Tick),
@@ -139,6 +143,10 @@ impl ShardActor {
             }
             glommio::yield_if_needed().await;
         }
+        if let Some(scan) = scan {
+            scan.cancel().await;
+        }
+        drop(stop);
     }
 
     /// Handles one message; false once the actor stops.

@@ -26,7 +26,9 @@ pub use spec::{PostgresSpec, SslMode};
 /// The `CREATE TABLE` statements of the publication's tables as Postgres defines them (for a
 /// catalog when no `--schema` is given), or why one cannot be held.
 pub fn read_catalog_ddl(spec: &PostgresSpec) -> Result<String, String> {
-    let mut session = session::Session::connect(spec, pgwire_replication::Lsn::from_u64(0))?;
+    let zero = pgwire_replication::Lsn::from_u64(0);
+    let mut session = session::Session::connect(spec, zero, zero)?;
+    session.check_version()?;
     session.check_publication()?;
     session::catalog_ddl(&mut session)
 }

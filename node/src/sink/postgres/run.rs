@@ -27,6 +27,8 @@ use crate::sink::source::{PostgresState, SourceState};
 const POLL: Duration = Duration::from_millis(5);
 /// Rows of a table copied per mirror transaction on the first run.
 const COPY_ROWS: usize = 10_000;
+/// The longest wait between two tries to connect again after the connection broke.
+const RECONNECT_MAX: Duration = Duration::from_secs(30);
 /// How long a stopping sink waits for what it handed the node to become visible.
 const STOP_VISIBLE_WAIT: Duration = Duration::from_secs(10);
 /// How long the first run waits for the checkpoint after the copy.
@@ -101,6 +103,11 @@ struct PgSink<'a> {
     sent_lsn: u64,
     /// The position last confirmed to Postgres.
     confirmed_lsn: u64,
+    /// End of the last transaction handed to the node with operations (one that a restart
+    /// before its checkpoint would need again).
+    needed_lsn: u64,
+    /// The first run's copy is under way: nothing of it may be checkpointed before it ends.
+    copying: bool,
     submitted: SourceMark,
     barriers: Barriers,
     /// Dead-letter records a run before a restart wrote, by where they end.
@@ -148,6 +155,8 @@ impl<'a> PgSink<'a> {
             durable_lsn: 0,
             sent_lsn: 0,
             confirmed_lsn: 0,
+            needed_lsn: 0,
+            copying: false,
             submitted: resume,
             barriers: Barriers::new(resume),
             dead_lettered_before: BTreeSet::new(),
@@ -188,8 +197,10 @@ impl<'a> PgSink<'a> {
                 self.handed_lsn = pg.lsn;
                 self.durable_lsn = pg.lsn;
                 self.confirmed_lsn = pg.lsn;
+                self.needed_lsn = pg.lsn;
                 self.dead_lettered_before = dead_letter_offsets(&self.options.dead_letter, pg.lsn)?;
-                let mut session = Session::connect(self.spec, Lsn::from_u64(pg.lsn))?;
+                let at = Lsn::from_u64(pg.lsn);
+                let mut session = Session::connect(self.spec, at, at)?;
                 if session.slot_plugin()?.is_none() {
                     return Err(format!(
                         "{}: slot `{}` is gone, and with it the changes after the checkpoint \
@@ -231,12 +242,14 @@ impl<'a> PgSink<'a> {
     /// slot's snapshot, in transactions of [`COPY_ROWS`] rows, then checkpoints at the slot's
     /// start. `None`: stopped during the copy (a restart copies again).
     fn copy(&mut self, marker: &std::path::Path) -> Result<Option<Session>, String> {
-        let mut session = Session::connect(self.spec, Lsn::from_u64(0))?;
+        let zero = Lsn::from_u64(0);
+        let mut session = Session::connect(self.spec, zero, zero)?;
+        session.check_version()?;
         session.check_publication()?;
         let tables = session.publication_tables()?;
         let catalog = self.node.catalog().clone();
         let mut mappings = Vec::with_capacity(tables.len());
-        for (schema, table) in &tables {
+        for (schema, table, filter) in &tables {
             let id = catalog
                 .resolve(&format!("{schema}.{table}"))
                 .ok_or_else(|| {
@@ -246,7 +259,13 @@ impl<'a> PgSink<'a> {
                         self.spec
                     )
                 })?;
-            mappings.push((Mapping::identity(&catalog, id), schema, table));
+            // A row filter copies only the rows the stream would carry.
+            let filter = if filter.is_empty() {
+                String::new()
+            } else {
+                format!(" WHERE {filter}")
+            };
+            mappings.push((Mapping::identity(&catalog, id), schema, table, filter));
         }
         if let Some(plugin) = session.slot_plugin()? {
             let ours = std::fs::read_to_string(marker).is_ok_and(|s| s.trim() == self.spec.slot);
@@ -270,6 +289,7 @@ impl<'a> PgSink<'a> {
             ))?;
         }
         write_marker(marker, &self.spec.slot).map_err(|e| format!("{}: {e}", marker.display()))?;
+        self.copying = true;
         session.query("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")?;
         let created = session.query(&format!(
             "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'use')",
@@ -286,7 +306,7 @@ impl<'a> PgSink<'a> {
             self.spec.slot,
             mappings.len()
         );
-        for (mapping, schema, table) in &mappings {
+        for (mapping, schema, table, filter) in &mappings {
             let columns: Vec<String> = mapping
                 .schema
                 .columns()
@@ -294,7 +314,7 @@ impl<'a> PgSink<'a> {
                 .map(|c| ident(&c.name))
                 .collect();
             session.query(&format!(
-                "DECLARE retina_copy NO SCROLL CURSOR FOR SELECT {} FROM {}.{}",
+                "DECLARE retina_copy NO SCROLL CURSOR FOR SELECT {} FROM {}.{}{filter}",
                 columns.join(", "),
                 ident(schema),
                 ident(table)
@@ -337,10 +357,17 @@ impl<'a> PgSink<'a> {
             session.query("CLOSE retina_copy")?;
         }
         session.query("COMMIT")?;
+        // Every table empty: one empty transaction marks the copy, so that a checkpoint can
+        // record it (without one a restart would copy again).
+        if self.submitted == SourceMark::default() && self.group.is_empty() {
+            self.group.push(Vec::new());
+            self.group_ids.push((start.as_u64(), 0));
+        }
         if !self.group.is_empty() && !self.submit(false) {
             return Ok(None);
         }
         // The copy is durable before anything streams: a restart never copies again.
+        self.copying = false;
         self.read_lsn = start.as_u64();
         self.handed_lsn = start.as_u64();
         self.resume_lsn = start.as_u64();
@@ -349,9 +376,8 @@ impl<'a> PgSink<'a> {
         let submitted = self.submitted;
         let deadline = Instant::now() + COPY_CHECKPOINT_WAIT;
         let id = loop {
-            if submitted == SourceMark::default() || self.options.checkpoint_interval.is_none() {
-                // Nothing copied (every table empty), or checkpoints are off (a restart
-                // copies again: the marker stays).
+            if self.options.checkpoint_interval.is_none() {
+                // Checkpoints are off: a restart copies again (the marker stays).
                 break None;
             }
             if let Some(id) =
@@ -412,21 +438,29 @@ impl<'a> PgSink<'a> {
                     if !self.group.is_empty() && !self.submit(true) {
                         return;
                     }
+                    if self.node_stopped() {
+                        return;
+                    }
                     self.barrier_if_due();
                     if self.caught_up_now(None) && !self.options.follow {
                         return;
                     }
                 }
-                Ok(Err(e)) => {
-                    self.hand_over_then_fail(format!("{}: replication: {e}", self.spec));
-                    return;
-                }
-                Ok(Ok(None)) => {
-                    self.hand_over_then_fail(format!(
-                        "{}: the server ended replication",
-                        self.spec
-                    ));
-                    return;
+                // The connection broke (a server restart, a failover, the network): what is
+                // complete is handed over, and the stream resumes after it on a new one.
+                Ok(result @ (Err(_) | Ok(None))) => {
+                    let why = match result {
+                        Err(e) => e.to_string(),
+                        _ => "the server ended replication".to_owned(),
+                    };
+                    if !self.group.is_empty() && !self.submit(true) {
+                        return;
+                    }
+                    self.open = None;
+                    match self.reconnect(stream, &why) {
+                        Some(s) => stream = s,
+                        None => return,
+                    }
                 }
                 Ok(Ok(Some(event))) => match self.on_event(event) {
                     Ok(committed) => {
@@ -448,6 +482,54 @@ impl<'a> PgSink<'a> {
                         return;
                     }
                 },
+            }
+        }
+    }
+
+    /// Connects again after `why` ended the stream, starting after the last transaction read
+    /// whole, and retrying with backoff (up to 30 s apart) until it works, a stop is asked, or
+    /// the slot is gone. `None`: the run ends.
+    fn reconnect(&mut self, old: Streaming, why: &str) -> Option<Streaming> {
+        drop(old);
+        let (start, ack) = (
+            Lsn::from_u64(self.read_lsn),
+            Lsn::from_u64(self.confirmed_lsn),
+        );
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            tracing::warn!(
+                "{}: {why}; connecting again in {backoff:?} to stream from {start}",
+                self.spec
+            );
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                if self.stop_asked() {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            backoff = (backoff * 2).min(RECONNECT_MAX);
+            let attempt = Session::connect(self.spec, start, ack).and_then(|mut session| {
+                match session.slot_plugin()? {
+                    Some(_) => Ok(session),
+                    None => Err(format!("slot `{}` is gone", self.spec.slot)),
+                }
+            });
+            match attempt {
+                Ok(session) => match session.start() {
+                    Ok(streaming) => {
+                        tracing::info!("{}: streaming again from {start}", self.spec);
+                        return Some(streaming);
+                    }
+                    // E.g. the slot is still held by the session that broke, until the server
+                    // notices it is gone.
+                    Err(e) => tracing::warn!("{e}"),
+                },
+                Err(e) if e.contains("is gone") => {
+                    self.fail(format!("{}: {e}", self.spec));
+                    return None;
+                }
+                Err(e) => tracing::warn!("{e}"),
             }
         }
     }
@@ -643,6 +725,16 @@ impl<'a> PgSink<'a> {
             return Ok(());
         }
         self.read_lsn = end_lsn;
+        if self.dead_lettered_before.remove(&end_lsn) {
+            // A shard refused it before a restart; it is in the dead-letter file.
+            tracing::warn!(
+                "{}: transaction {} ending at {} was dead-lettered before the restart; skipped",
+                self.spec,
+                txn.xid,
+                lsn(end_lsn)
+            );
+            return Ok(());
+        }
         if let Some(reason) = txn.error {
             if self.options.on_error == OnError::Stop {
                 return Err(reason);
@@ -663,6 +755,7 @@ impl<'a> PgSink<'a> {
         }
         self.group.push(txn.ops);
         self.group_ids.push((end_lsn, txn.xid));
+        self.needed_lsn = end_lsn;
         Ok(())
     }
 
@@ -698,11 +791,22 @@ impl<'a> PgSink<'a> {
         if self.options.on_error != OnError::Skip || failed == 0 {
             return false;
         }
-        let Some(txn) = self.in_flight.iter().find(|t| t.ts == failed) else {
+        // A copied batch (no transaction id) cannot be skipped: the copy is one whole.
+        let Some(txn) = self.in_flight.iter().find(|t| t.ts == failed && t.xid != 0) else {
             return false;
         };
         let (end_lsn, xid) = (txn.end_lsn, txn.xid);
-        let reason = self.node.status().error().unwrap_or_default();
+        // The shard records which transaction just before why.
+        let asked = Instant::now();
+        let reason = loop {
+            match self.node.status().error() {
+                Some(e) => break e,
+                None if asked.elapsed() < Duration::from_secs(1) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                None => break "refused by a shard".to_owned(),
+            }
+        };
         let position = format!("{} ending at {}", self.spec, lsn(end_lsn));
         let record = DeadLetter {
             position: position.clone(),
@@ -724,11 +828,7 @@ impl<'a> PgSink<'a> {
     /// Hands the group to the node, and puts a checkpoint barrier after it when one is due
     /// (`barrier`); false if replay stopped.
     fn submit(&mut self, barrier: bool) -> bool {
-        if self.skip_refused() {
-            return false;
-        }
-        if let Some(e) = self.node_error() {
-            self.report.stopped_by = Some(e);
+        if self.node_stopped() {
             return false;
         }
         match self.node.submit(&self.group) {
@@ -773,6 +873,19 @@ impl<'a> PgSink<'a> {
         }
     }
 
+    /// Whether replay stopped in the node (a shard refused a transaction): with `--on-error
+    /// skip` the run ends asking for a restart, otherwise with the error.
+    fn node_stopped(&mut self) -> bool {
+        if self.skip_refused() {
+            return true;
+        }
+        if let Some(e) = self.node_error() {
+            self.report.stopped_by = Some(e);
+            return true;
+        }
+        false
+    }
+
     /// Confirms to Postgres the position of every checkpoint now complete: the slot keeps
     /// everything after it, and a restart from that checkpoint finds it there. With
     /// checkpoints off a restart copies again, so what is visible is confirmed.
@@ -800,7 +913,7 @@ impl<'a> PgSink<'a> {
         let idle = self.open.is_none()
             && self.group.is_empty()
             && self.pending_acks.is_empty()
-            && self.read_lsn <= self.durable_lsn;
+            && self.needed_lsn <= self.durable_lsn;
         let target = if idle {
             self.durable_lsn.max(self.sent_lsn)
         } else {
@@ -895,7 +1008,8 @@ impl<'a> PgSink<'a> {
     /// Ends the run: hands over what is complete and checkpoints it (when checkpoints are
     /// on). Postgres learns of that last checkpoint on the next run.
     fn finish(mut self) -> SinkReport {
-        if self.report.stopped_by.is_none() && self.report.restart.is_none() {
+        // A copy cut short is never checkpointed: the next run drops the slot and copies again.
+        if self.report.stopped_by.is_none() && self.report.restart.is_none() && !self.copying {
             if !self.group.is_empty() {
                 self.submit(false);
             }

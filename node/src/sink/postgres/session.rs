@@ -26,8 +26,8 @@ pub(crate) struct Session {
 
 impl Session {
     /// Connects and authenticates; streaming starts at `start` (zero: where the slot's
-    /// confirmed position is), reporting `start` as flushed until told more.
-    pub(crate) fn connect(spec: &PostgresSpec, start: Lsn) -> Result<Session, String> {
+    /// confirmed position is), reporting `ack` as flushed until told more.
+    pub(crate) fn connect(spec: &PostgresSpec, start: Lsn, ack: Lsn) -> Result<Session, String> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("retina-pg")
@@ -37,7 +37,7 @@ impl Session {
         let cfg = spec
             .config()?
             .with_start_lsn(start)
-            .with_ack_lsn(start)
+            .with_ack_lsn(ack)
             // A standby status update at least this often, whatever the stream does.
             .with_status_interval(std::time::Duration::from_secs(1))
             .with_buffer_size(8192);
@@ -68,6 +68,19 @@ impl Session {
             .next()
             .and_then(|row| row.into_iter().next().flatten())
             .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// Refuses a server older than PostgreSQL 15 (the first run's `SNAPSHOT 'use'` and the
+    /// publication's row filters need it).
+    pub(crate) fn check_version(&mut self) -> Result<(), String> {
+        let version = self.value("SHOW server_version_num")?.unwrap_or_default();
+        match version.parse::<u32>() {
+            Ok(v) if v >= 150_000 => Ok(()),
+            _ => Err(format!(
+                "{}: PostgreSQL {version} is older than 15, which the source needs",
+                self.spec
+            )),
+        }
     }
 
     /// The server's current WAL position.
@@ -103,11 +116,12 @@ impl Session {
         ))
     }
 
-    /// The publication's tables, `(schema, table)`, in name order.
-    pub(crate) fn publication_tables(&mut self) -> Result<Vec<(String, String)>, String> {
+    /// The publication's tables, `(schema, table, row filter)`, in name order (the filter:
+    /// the publication's `WHERE`, empty for none).
+    pub(crate) fn publication_tables(&mut self) -> Result<Vec<(String, String, String)>, String> {
         let rows = self.query(&format!(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = {} \
-             ORDER BY 1, 2",
+            "SELECT schemaname, tablename, coalesce(rowfilter, '') FROM pg_publication_tables \
+             WHERE pubname = {} ORDER BY 1, 2",
             literal(&self.spec.publication)
         ))?;
         Ok(rows
@@ -120,7 +134,7 @@ impl Session {
                         .map(|b| String::from_utf8_lossy(&b).into_owned())
                         .unwrap_or_default()
                 };
-                (text(0), text(1))
+                (text(0), text(1), text(2))
             })
             .collect())
     }
@@ -180,6 +194,7 @@ pub(crate) fn catalog_ddl(session: &mut Session) -> Result<String, String> {
          JOIN pg_namespace n ON n.nspname = pt.schemaname \
          JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename \
          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+              AND a.attname = ANY(pt.attnames) \
          LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary \
          WHERE pt.pubname = {} \
          ORDER BY n.nspname, c.relname, a.attnum",
@@ -252,9 +267,17 @@ fn ddl_type(oid: u32, typmod: i32) -> Result<String, String> {
         700 => "REAL".into(),
         701 => "DOUBLE PRECISION".into(),
         1700 if typmod >= 4 => {
-            let (precision, scale) = (((typmod - 4) >> 16) & 0xffff, (typmod - 4) & 0xffff);
+            // The scale is an 11-bit signed field (Postgres 15 allows it negative, or above
+            // the precision).
+            let precision = ((typmod - 4) >> 16) & 0xffff;
+            let scale = (((typmod - 4) & 0x7ff) ^ 0x400) - 0x400;
             if precision > 38 {
                 return Err(format!("precision {precision} is beyond 38 digits"));
+            }
+            if scale < 0 || scale > precision {
+                return Err(format!(
+                    "numeric({precision},{scale}): the scale must be 0 to the precision"
+                ));
             }
             format!("DECIMAL({precision},{scale})")
         }
@@ -293,6 +316,13 @@ mod tests {
             ddl_type(1700, (60 << 16) + 4)
                 .unwrap_err()
                 .contains("beyond 38")
+        );
+        // numeric(5,-2): the scale's 11 bits hold -2.
+        let negative = ((5 << 16) | (-2i32 & 0x7ff)) + 4;
+        assert!(
+            ddl_type(1700, negative)
+                .unwrap_err()
+                .contains("numeric(5,-2)")
         );
         assert_eq!(ddl_type(1043, 24).unwrap(), "TEXT");
         assert!(ddl_type(17, -1).unwrap_err().contains("no column type"));
