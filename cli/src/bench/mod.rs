@@ -69,10 +69,14 @@ enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "10000")]
         rates: Vec<u64>,
         /// Seconds per freshness rate.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 30)]
         seconds: u64,
         #[arg(long, default_value_t = 2)]
         shards: u16,
+        /// The node's checkpoint interval in ms (default: the setting's, 10 s); results with
+        /// it are recorded under names ending `_checkpoint_MS_ms`.
+        #[arg(long)]
+        checkpoint_ms: Option<u64>,
     },
     /// Replay throughput with each shard count, from Debezium JSON and from pre-encoded batches.
     Replay {
@@ -255,7 +259,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             rates,
             seconds,
             shards,
-        } => pgsource::run(txns, clients, runs, &rates, seconds, shards),
+            checkpoint_ms,
+        } => pgsource::run(txns, clients, runs, &rates, seconds, shards, checkpoint_ms),
         BenchCommand::Peers(args) => crate::peers::run(args),
         BenchCommand::Bitmaps {
             requests,

@@ -71,6 +71,7 @@ pub(super) fn run(
     rates: &[u64],
     seconds: u64,
     shards: u16,
+    checkpoint_ms: Option<u64>,
 ) -> anyhow::Result<()> {
     // No fsync on the server: it writes the workload faster, and the node's reading is
     // what is measured.
@@ -87,9 +88,11 @@ pub(super) fn run(
     };
     let ddl = retina_node::sink::postgres::read_catalog_ddl(&spec).map_err(anyhow::Error::msg)?;
     let catalog = Arc::new(Catalog::from_ddl(&ddl, "postgres")?);
+    let defaults = Settings::default();
     let settings = Settings {
         shards,
-        ..Settings::default()
+        checkpoint_interval_ms: checkpoint_ms.unwrap_or(defaults.checkpoint_interval_ms),
+        ..defaults
     };
     let mut options = file_sink(&settings, Default::default(), dir.path().join("dead.jsonl"));
     options.source = SourceSpec::Postgres(spec);
@@ -97,6 +100,10 @@ pub(super) fn run(
         settings.checkpoint_interval_ms.max(1),
     ));
     let data = dir.path().join("pg-node");
+    // Results with another checkpoint interval than the default are recorded apart.
+    let suffix = checkpoint_ms
+        .map(|ms| format!("_checkpoint_{ms}_ms"))
+        .unwrap_or_default();
 
     // The first run creates the slot and copies the tables.
     let copy_start = Instant::now();
@@ -144,13 +151,13 @@ pub(super) fn run(
     println!("median: slot {slot:.0} changes/s, JSON file {json:.0} changes/s");
     record(
         "postgres",
-        &format!("slot_changes_per_s_{shards}_shards"),
+        &format!("slot_changes_per_s_{shards}_shards{suffix}"),
         slot,
         "changes/s",
     )?;
     record(
         "postgres",
-        &format!("json_file_changes_per_s_{shards}_shards"),
+        &format!("json_file_changes_per_s_{shards}_shards{suffix}"),
         json,
         "changes/s",
     )?;
@@ -204,13 +211,13 @@ pub(super) fn run(
         println!("{rate:>14} {p50:>10.1} {p99:>10.1} {n:>9}");
         record(
             "postgres",
-            &format!("p50_ms_at_{rate}_changes_per_s"),
+            &format!("p50_ms_at_{rate}_changes_per_s{suffix}"),
             p50,
             "ms",
         )?;
         record(
             "postgres",
-            &format!("p99_ms_at_{rate}_changes_per_s"),
+            &format!("p99_ms_at_{rate}_changes_per_s{suffix}"),
             p99,
             "ms",
         )?;
