@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 24] = [
+    let metrics: [(&str, &str, &str, String); 25] = [
         (
             "retina_hwm",
             "gauge",
@@ -245,6 +245,12 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "Records the source holds that the sink has not read yet (Kafka: over all partitions).",
             load(&s.source_lag),
+        ),
+        (
+            "retina_source_lag_wal_bytes",
+            "gauge",
+            "Postgres: bytes of WAL the server has written past the change the sink read last.",
+            load(&s.source_lag_wal_bytes),
         ),
         (
             "retina_checkpoint_in_progress",

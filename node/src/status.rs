@@ -88,6 +88,9 @@ pub struct NodeStatus {
     /// Records the source holds that the sink has not read yet (Kafka: over every partition,
     /// its high watermark less the next offset to read; 0 for a file).
     pub source_lag: AtomicU64,
+    /// A Postgres source: bytes of WAL the server has written past the change the sink read
+    /// last (the end of WAL an XLogData message carries, less where that message starts).
+    pub source_lag_wal_bytes: AtomicU64,
     /// The timestamp of the transaction a shard refused (0: none); replay stopped before it.
     pub failed_ts: AtomicU64,
     /// Lake writes the I/O thread has in hand, by kind (see [`IoKind`]).

@@ -562,8 +562,15 @@ impl<'a> PgSink<'a> {
                 Ok(false)
             }
             ReplicationEvent::XLogData {
-                wal_start, data, ..
+                wal_start,
+                wal_end,
+                data,
+                ..
             } => {
+                self.node.status().source_lag_wal_bytes.store(
+                    wal_end.as_u64().saturating_sub(wal_start.as_u64()),
+                    Ordering::Relaxed,
+                );
                 self.on_change(wal_start.as_u64(), &data)?;
                 Ok(false)
             }
@@ -573,6 +580,12 @@ impl<'a> PgSink<'a> {
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 self.sent_lsn = self.sent_lsn.max(wal_end.as_u64());
+                if self.open.is_none() {
+                    self.node.status().source_lag_wal_bytes.store(
+                        wal_end.as_u64().saturating_sub(self.read_lsn),
+                        Ordering::Relaxed,
+                    );
+                }
                 self.caught_up_now(Some(wal_end.as_u64()));
                 Ok(false)
             }
