@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -157,20 +157,6 @@ fn txn_json(k: usize, txn: &[Change]) -> String {
         collections.join(",")
     );
     out
-}
-
-/// A port whose next three ports (the shards' scan services, then metrics) are free too.
-fn free_ports() -> u16 {
-    loop {
-        let p = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p < 65_000 && (1..=3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
 }
 
 /// A running `retina serve`, killed if the test fails before it stops it (no node outlives
@@ -514,7 +500,7 @@ fn campaign(dir: tempfile::TempDir, kills: usize, feed: Feed, source_url: &str) 
         .unwrap();
     // Fresh ports each start: connections of the killed process may hold the old ones a while.
     let ports = || {
-        let port = free_ports();
+        let port = retina_tests::free_ports();
         (
             port,
             format!("127.0.0.1:{port}").parse::<SocketAddr>().unwrap(),

@@ -20,7 +20,7 @@
 //! `RETINA_PG_KILLS` sets the number of kills (default 4).
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -403,20 +403,6 @@ fn script(client: u64, txns: usize) -> String {
     sql
 }
 
-/// A port whose next three ports (the shards' scan services, then metrics) are free too.
-fn free_ports() -> u16 {
-    loop {
-        let p = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p < 65_000 && (1..=3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
-}
-
 /// A running `retina serve`, killed when dropped.
 struct Served(Child);
 
@@ -510,7 +496,7 @@ fn postgres_source_copies_streams_and_survives_kills() {
         .unwrap();
     pg.psql(DB, SETUP).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let source = pg.source_url(DB, "pub", "retina_test");
     let rt = retina_tests::runtime();
@@ -551,15 +537,7 @@ fn postgres_source_copies_streams_and_survives_kills() {
     // The first run starts as the clients do: it creates the slot and copies the tables while
     // they write; what they commit after the slot's snapshot comes from the stream.
     let mut served = serve(dir.path(), port, &source, &[]);
-    let start = Instant::now();
-    while !log(dir.path()).contains("copied ") {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "the copy did not end in 120 s:\n{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(dir.path(), "copied ", 1, 120);
     assert!(log(dir.path()).contains("created slot `retina_test`"));
     let mut rng = SmallRng::seed_from_u64(SEED);
     let mut seen = 0u64;
@@ -726,7 +704,7 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
          CREATE TABLE public.nokey (id INT PRIMARY KEY, v TEXT);",
     )
     .unwrap();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let schema = dir.path().join("s.sql").display().to_string();
     pg.psql("shop", "INSERT INTO ok VALUES (1, 'a')").unwrap();
     let served = serve(
@@ -738,30 +716,14 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let rt = retina_tests::runtime();
     // Wait for the copy, then change both tables.
-    let start = Instant::now();
-    while !log(dir.path()).contains("streaming from") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(dir.path(), "streaming from", 1, 30);
     pg.psql(
         "shop",
         "INSERT INTO ok VALUES (2, 'b'); INSERT INTO nokey VALUES (1, 'x'); \
          INSERT INTO ok VALUES (3, 'c');",
     )
     .unwrap();
-    let start = Instant::now();
-    while !log(dir.path()).contains("replay stopped") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(dir.path(), "replay stopped", 1, 30);
     let text = log(dir.path());
     assert!(
         text.contains(
@@ -769,18 +731,7 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
         ) && text.contains("transaction "),
         "{text}"
     );
-    let ids = rt.block_on(async {
-        let retina = Retina::connect(addr, "").unwrap();
-        let session = retina.begin().await.unwrap();
-        let batches = session
-            .collect("SELECT id FROM public.ok ORDER BY id")
-            .await
-            .unwrap();
-        batches
-            .iter()
-            .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
-            .collect::<Vec<i32>>()
-    });
+    let ids = node_ids(&rt, addr, "ok").expect("the node answers");
     assert_eq!(ids, [1, 2], "the transactions before the refused one");
     drop(served);
 }
@@ -798,22 +749,14 @@ fn postgres_source_dead_letters_with_on_error_skip() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let _served = serve(
         dir.path(),
         port,
         &pg.source_url("skip", "p", "s"),
         &["--on-error", "skip"],
     );
-    let start = Instant::now();
-    while !log(dir.path()).contains("streaming from") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(dir.path(), "streaming from", 1, 30);
     // The middle transaction holds a date the lake has no value for.
     pg.psql(
         "skip",
@@ -826,21 +769,7 @@ fn postgres_source_dead_letters_with_on_error_skip() {
     let rt = retina_tests::runtime();
     let start = Instant::now();
     let ids = loop {
-        let ids = rt.block_on(async {
-            let retina = Retina::connect(addr, "").map_err(|e| e.to_string())?;
-            let session = retina.begin().await.map_err(|e| e.to_string())?;
-            let batches = session
-                .collect("SELECT id FROM public.events ORDER BY id")
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(
-                batches
-                    .iter()
-                    .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
-                    .collect::<Vec<i32>>(),
-            )
-        });
-        if let Ok(ids) = ids
+        if let Some(ids) = node_ids(&rt, addr, "events")
             && (ids.len() >= 2 || start.elapsed() > Duration::from_secs(30))
         {
             break ids;
@@ -908,18 +837,10 @@ fn postgres_sources_use_tls_when_asked() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let url = format!("{}&sslmode=require", pg.source_url("secure", "p", "s"));
     let _served = serve(dir.path(), port, &url, &[]);
-    let start = Instant::now();
-    while !log(dir.path()).contains("copied 2 rows") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(dir.path(), "copied 2 rows", 1, 30);
     // The session Postgres saw was encrypted.
     let ssl = pg
         .psql(
@@ -931,34 +852,41 @@ fn postgres_sources_use_tls_when_asked() {
     assert_eq!(ssl.trim(), "t", "{}", log(dir.path()));
 }
 
-fn wait_for(dir: &std::path::Path, text: &str, times: usize) {
+/// Waits until the node's log holds `text` at least `times` times, for `secs` at most.
+fn wait_for(dir: &std::path::Path, text: &str, times: usize, secs: u64) {
     let start = Instant::now();
     while log(dir).matches(text).count() < times {
         assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no `{text}` (x{times}) in 60 s:\n{}",
+            start.elapsed() < Duration::from_secs(secs),
+            "no `{text}` (x{times}) in {secs} s:\n{}",
             log(dir)
         );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
-/// `(count, sum of id)` of `table` in the node, once it answers.
-fn node_count(rt: &tokio::runtime::Runtime, addr: SocketAddr, table: &str) -> Option<(i64, i64)> {
+/// The `int` ids of `public.table` in the node, in order (`None`: it does not answer yet).
+fn node_ids(rt: &tokio::runtime::Runtime, addr: SocketAddr, table: &str) -> Option<Vec<i32>> {
     rt.block_on(async {
         let retina = Retina::connect(addr, "").ok()?;
         let session = retina.begin().await.ok()?;
         let batches = session
-            .collect(&format!("SELECT id FROM public.{table}"))
+            .collect(&format!("SELECT id FROM public.{table} ORDER BY id"))
             .await
             .ok()?;
-        let ids: Vec<i64> = batches
-            .iter()
-            .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
-            .map(i64::from)
-            .collect();
-        Some((ids.len() as i64, ids.iter().sum()))
+        Some(
+            batches
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
+                .collect(),
+        )
     })
+}
+
+/// `(count, sum of id)` of `public.table` in the node, once it answers.
+fn node_count(rt: &tokio::runtime::Runtime, addr: SocketAddr, table: &str) -> Option<(i64, i64)> {
+    let ids = node_ids(rt, addr, table)?;
+    Some((ids.len() as i64, ids.iter().map(|&i| i64::from(i)).sum()))
 }
 
 #[test]
@@ -975,12 +903,12 @@ fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let source = pg.source_url("restarts", "p", "s");
     // SIGTERM during the copy: a clean stop that must not checkpoint a partial copy.
     let served = serve(dir.path(), port, &source, &[]);
-    wait_for(dir.path(), "created slot", 1);
+    wait_for(dir.path(), "created slot", 1, 60);
     std::thread::sleep(Duration::from_millis(300));
     let pid = served.0.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
@@ -993,12 +921,12 @@ fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
     );
     // SIGKILL during the second copy.
     let served = serve(dir.path(), port, &source, &[]);
-    wait_for(dir.path(), "created slot", 2);
+    wait_for(dir.path(), "created slot", 2, 60);
     std::thread::sleep(Duration::from_millis(300));
     drop(served);
     // The third run copies whole.
     let _served = serve(dir.path(), port, &source, &[]);
-    wait_for(dir.path(), "copied ", 1);
+    wait_for(dir.path(), "copied ", 1, 60);
     assert_eq!(
         log(dir.path())
             .matches("was cut short; dropping slot")
@@ -1067,14 +995,14 @@ fn postgres_source_skips_a_transaction_a_shard_refused() {
     )
     .unwrap();
     let schema = dir.path().join("s.sql").display().to_string();
-    let port = free_ports();
+    let port = retina_tests::free_ports();
     let _served = serve(
         dir.path(),
         port,
         &pg.source_url("refused", "p", "s"),
         &["--schema", &schema, "--on-error", "skip"],
     );
-    wait_for(dir.path(), "streaming from", 1);
+    wait_for(dir.path(), "streaming from", 1, 60);
     pg.psql(
         "refused",
         "INSERT INTO dup VALUES (1, 'a'); INSERT INTO dup VALUES (1, 'b');

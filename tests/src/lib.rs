@@ -106,3 +106,19 @@ pub fn logged_after(
         }
     }
 }
+
+/// A loopback port whose next three ports are free too (a node's coordinator service, its
+/// shards' scan services after it, then metrics).
+pub fn free_ports() -> u16 {
+    use std::net::TcpListener;
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if p < 65_000 && (1..=3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+}

@@ -124,7 +124,8 @@ pub(super) fn run(
     for run in 0..runs {
         let wrote = Instant::now();
         pgbench(
-            &pg,
+            pg.bin(),
+            pg.port,
             &script,
             clients,
             &["-t", &(txns / u64::from(clients)).to_string()],
@@ -179,8 +180,15 @@ pub(super) fn run(
         let from_us = now_us() + 1_000_000;
         let driver = {
             let (pg_bin, port, script) = (pg.bin().to_owned(), pg.port, script.clone());
+            let (rate, seconds) = (txn_rate.to_string(), (seconds + 1).to_string());
             std::thread::spawn(move || {
-                pgbench_at(&pg_bin, port, &script, clients, txn_rate, seconds + 1)
+                pgbench(
+                    &pg_bin,
+                    port,
+                    &script,
+                    clients,
+                    &["-R", &rate, "-T", &seconds],
+                )
             })
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -250,34 +258,9 @@ fn drain(
     Ok((report.lines - before, secs))
 }
 
-/// pgbench with the transfer script, `clients` at once, and `args` (`-t N` or `-R` and `-T`).
+/// pgbench (from the server's `bin`) with the transfer script, `clients` at once, and `args`
+/// (`-t N`, or `-R` and `-T`).
 fn pgbench(
-    pg: &PgServer,
-    script: &std::path::Path,
-    clients: u32,
-    args: &[&str],
-) -> anyhow::Result<()> {
-    run_pgbench(pg.bin(), pg.port, script, clients, args)
-}
-
-fn pgbench_at(
-    bin: &std::path::Path,
-    port: u16,
-    script: &std::path::Path,
-    clients: u32,
-    txns_per_s: u64,
-    seconds: u64,
-) -> anyhow::Result<()> {
-    run_pgbench(
-        bin,
-        port,
-        script,
-        clients,
-        &["-R", &txns_per_s.to_string(), "-T", &seconds.to_string()],
-    )
-}
-
-fn run_pgbench(
     bin: &std::path::Path,
     port: u16,
     script: &std::path::Path,

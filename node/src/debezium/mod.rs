@@ -37,7 +37,7 @@ pub use txn::{
     same_transaction,
 };
 pub use value::{DecimalHandling, ParseOptions};
-pub(crate) use value::{parse_date, parse_decimal, parse_time_of_day, parse_timestamp};
+pub(crate) use value::{key_only, parse_date, parse_decimal, parse_time_of_day, parse_timestamp};
 
 #[cfg(test)]
 mod tests;

@@ -71,7 +71,7 @@ pub(super) struct FieldType<'a> {
 }
 
 /// `row`'s primary-key values, every other column null.
-pub(super) fn key_only(table: &TableSchema, row: &[Value]) -> Vec<Value> {
+pub(crate) fn key_only(table: &TableSchema, row: &[Value]) -> Vec<Value> {
     let pk = table.primary_key();
     row.iter()
         .enumerate()

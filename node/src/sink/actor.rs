@@ -12,7 +12,7 @@ use flume::Receiver;
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
 use super::barrier::Barriers;
-use super::dead_letter::{DeadLetter, dead_letter_offsets, marker};
+use super::dead_letter::{DeadLetter, dead_letter_offsets, marker, write_once};
 use super::decode::{CHUNK_BYTES, Decoded, Lanes, Parsed};
 use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
@@ -542,24 +542,18 @@ impl Sink<'_> {
     }
 
     fn dead_letter_at(&mut self, record: DeadLetter, offset: u64) -> bool {
-        if self.dead_lettered_before.remove(&offset) {
-            // Written by the run before a restart; the transaction is skipped again.
-            return true;
-        }
-        match record.append_to(&self.options.dead_letter, offset) {
-            Ok(()) => {
-                self.report.dead_lettered += 1;
-                self.node
-                    .status()
-                    .dead_lettered
-                    .fetch_add(1, Ordering::Relaxed);
-                true
-            }
+        let written = write_once(
+            &record,
+            offset,
+            &self.options.dead_letter,
+            &mut self.dead_lettered_before,
+            self.node,
+            &mut self.report,
+        );
+        match written {
+            Ok(()) => true,
             Err(e) => {
-                self.fail(format!(
-                    "dead-letter file {}: {e}; replay stopped",
-                    self.options.dead_letter.display()
-                ));
+                self.fail(format!("{e}; replay stopped"));
                 false
             }
         }

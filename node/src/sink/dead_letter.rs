@@ -51,6 +51,31 @@ impl DeadLetter {
     }
 }
 
+/// Writes `record`, ending at source position `offset`, to the dead-letter file at `path` and
+/// counts it (in `report` and the node's status), unless the run before a restart wrote it
+/// (it is in `before`, and leaves it). `Err`: the file could not be written.
+pub(super) fn write_once(
+    record: &DeadLetter,
+    offset: u64,
+    path: &Path,
+    before: &mut BTreeSet<u64>,
+    node: &crate::node::NodeHandle,
+    report: &mut super::msg::SinkReport,
+) -> Result<(), String> {
+    if before.remove(&offset) {
+        // Written by the run before a restart; the transaction is skipped again.
+        return Ok(());
+    }
+    record
+        .append_to(path, offset)
+        .map_err(|e| format!("dead-letter file {}: {e}", path.display()))?;
+    report.dead_lettered += 1;
+    node.status()
+        .dead_lettered
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 /// The dead-letter file as a restart finds it: where each record in `path` ends in the source,
 /// for those past `from` (records of older versions, without an offset, are left alone).
 pub(super) fn dead_letter_offsets(path: &Path, from: u64) -> Result<BTreeSet<u64>, String> {

@@ -10,6 +10,45 @@ pub enum SinkMsg {
     Stop,
 }
 
+/// A run's inbox, read without waiting: once a [`SinkMsg::Stop`] arrived it stays asked, and
+/// once no sender is left it is not read again.
+pub(super) struct Inbox<'a> {
+    rx: &'a flume::Receiver<SinkMsg>,
+    open: bool,
+    stopping: bool,
+}
+
+impl<'a> Inbox<'a> {
+    pub(super) fn new(rx: &'a flume::Receiver<SinkMsg>) -> Self {
+        Inbox {
+            rx,
+            open: true,
+            stopping: false,
+        }
+    }
+
+    /// Whether a [`SinkMsg::Stop`] arrived (now or before).
+    pub(super) fn stop_asked(&mut self) -> bool {
+        if self.stopping {
+            return true;
+        }
+        if !self.open {
+            return false;
+        }
+        match self.rx.try_recv() {
+            Ok(SinkMsg::Stop) => {
+                self.stopping = true;
+                true
+            }
+            Err(flume::TryRecvError::Empty) => false,
+            Err(flume::TryRecvError::Disconnected) => {
+                self.open = false;
+                false
+            }
+        }
+    }
+}
+
 /// How a sink run ended.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SinkReport {

@@ -19,7 +19,7 @@ use crate::debezium::{SourcePosition, TxnMode};
 use crate::node::NodeHandle;
 use crate::sink::actor::{CHECKPOINT_IDS, Ops, txn_ops};
 use crate::sink::barrier::Barriers;
-use crate::sink::msg::{SinkMsg, SinkReport};
+use crate::sink::msg::{Inbox, SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
 use crate::sink::source::{KafkaState, SourceState};
 
@@ -78,9 +78,7 @@ pub(in crate::sink) fn run(
         parse: Arc::new(super::super::line_parser(node)),
         options,
         spec,
-        inbox,
-        inbox_open: true,
-        stopping: false,
+        inbox: Inbox::new(inbox),
         regex: spec.regex(),
         parts: Vec::new(),
         txn_part: None,
@@ -180,9 +178,7 @@ struct KafkaSink<'a> {
     parse: super::super::decode::Parse,
     options: &'a SinkOptions,
     spec: &'a KafkaSpec,
-    inbox: &'a Receiver<SinkMsg>,
-    inbox_open: bool,
-    stopping: bool,
+    inbox: Inbox<'a>,
     regex: Option<regex::Regex>,
     kafka: Kafka,
     /// Every partition read, indexed as the assembler indexes them, with the name positions
@@ -525,23 +521,7 @@ impl KafkaSink<'_> {
 
     /// Whether a [`SinkMsg::Stop`] arrived (now or before).
     fn stop_asked(&mut self) -> bool {
-        if self.stopping {
-            return true;
-        }
-        if !self.inbox_open {
-            return false;
-        }
-        match self.inbox.try_recv() {
-            Ok(SinkMsg::Stop) => {
-                self.stopping = true;
-                true
-            }
-            Err(flume::TryRecvError::Empty) => false,
-            Err(flume::TryRecvError::Disconnected) => {
-                self.inbox_open = false;
-                false
-            }
-        }
+        self.inbox.stop_asked()
     }
 
     /// Waits up to [`POLL`] for a fetched batch.

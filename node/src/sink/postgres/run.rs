@@ -8,18 +8,19 @@ use std::time::{Duration, Instant};
 
 use flume::Receiver;
 use pgwire_replication::{Lsn, ReplicationEvent};
-use retina_storage::{RowOp, TableOp, Timestamp, Value};
+use retina_storage::{RowOp, TableOp, Timestamp};
 
 use super::pgoutput::{self, Datum, PgMessage};
 use super::rows::{Image, Mapping};
-use super::session::{Session, Streaming, ident};
+use super::session::{Session, Streaming, column_text, ident};
 use super::spec::PostgresSpec;
 use crate::coordinator::SourceMark;
+use crate::debezium::key_only;
 use crate::node::NodeHandle;
 use crate::sink::actor::Ops;
 use crate::sink::barrier::Barriers;
-use crate::sink::dead_letter::{DeadLetter, dead_letter_offsets};
-use crate::sink::msg::{SinkMsg, SinkReport};
+use crate::sink::dead_letter::{DeadLetter, dead_letter_offsets, write_once};
+use crate::sink::msg::{Inbox, SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
 use crate::sink::source::{PostgresState, SourceState};
 
@@ -77,9 +78,7 @@ struct PgSink<'a> {
     node: &'a NodeHandle,
     options: &'a SinkOptions,
     spec: &'a PostgresSpec,
-    inbox: &'a Receiver<SinkMsg>,
-    inbox_open: bool,
-    stopping: bool,
+    inbox: Inbox<'a>,
     /// Every transaction ending at or before this was applied before (the checkpoint's).
     resume_lsn: u64,
     /// Relations by oid, as the stream described them last.
@@ -139,9 +138,7 @@ impl<'a> PgSink<'a> {
             node,
             options,
             spec,
-            inbox,
-            inbox_open: true,
-            stopping: false,
+            inbox: Inbox::new(inbox),
             resume_lsn: 0,
             relations: HashMap::new(),
             open: None,
@@ -297,8 +294,8 @@ impl<'a> PgSink<'a> {
         ))?;
         let start = created
             .first()
-            .and_then(|r| r.get(1).cloned().flatten())
-            .and_then(|b| Lsn::parse(&String::from_utf8_lossy(&b)).ok())
+            .and_then(|r| column_text(r, 1))
+            .and_then(|text| Lsn::parse(&text).ok())
             .ok_or_else(|| format!("{}: CREATE_REPLICATION_SLOT gave no position", self.spec))?;
         tracing::info!(
             "{}: created slot `{}` at {start}; copying {} tables",
@@ -685,7 +682,7 @@ impl<'a> PgSink<'a> {
                 let before = match old {
                     Some((_, t)) => m.row(t, Image::Old, None).map_err(|e| in_table(m, e))?,
                     // The key did not change: the new row's key is the old one's.
-                    None => key_only(m, &after),
+                    None => key_only(&m.schema, &after),
                 };
                 ops.push(TableOp {
                     table: m.table,
@@ -775,23 +772,18 @@ impl<'a> PgSink<'a> {
     /// Writes a dead-letter record ending at `end_lsn`, unless a run before a restart did.
     /// False if it could not be written (replay stops).
     fn dead_letter(&mut self, record: DeadLetter, end_lsn: u64) -> bool {
-        if self.dead_lettered_before.remove(&end_lsn) {
-            return true;
-        }
-        match record.append_to(&self.options.dead_letter, end_lsn) {
-            Ok(()) => {
-                self.report.dead_lettered += 1;
-                self.node
-                    .status()
-                    .dead_lettered
-                    .fetch_add(1, Ordering::Relaxed);
-                true
-            }
+        let written = write_once(
+            &record,
+            end_lsn,
+            &self.options.dead_letter,
+            &mut self.dead_lettered_before,
+            self.node,
+            &mut self.report,
+        );
+        match written {
+            Ok(()) => true,
             Err(e) => {
-                self.report.stopped_by = Some(format!(
-                    "dead-letter file {}: {e}",
-                    self.options.dead_letter.display()
-                ));
+                self.report.stopped_by = Some(e);
                 false
             }
         }
@@ -958,23 +950,7 @@ impl<'a> PgSink<'a> {
 
     /// Whether a [`SinkMsg::Stop`] arrived (now or before).
     fn stop_asked(&mut self) -> bool {
-        if self.stopping {
-            return true;
-        }
-        if !self.inbox_open {
-            return false;
-        }
-        match self.inbox.try_recv() {
-            Ok(SinkMsg::Stop) => {
-                self.stopping = true;
-                true
-            }
-            Err(flume::TryRecvError::Empty) => false,
-            Err(flume::TryRecvError::Disconnected) => {
-                self.inbox_open = false;
-                false
-            }
-        }
+        self.inbox.stop_asked()
     }
 
     /// The node's error, with the transaction a shard refused when it is one of these.
@@ -1054,21 +1030,6 @@ fn write_marker(path: &std::path::Path, slot: &str) -> std::io::Result<()> {
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     crate::durable::sync_dir(path.parent().unwrap_or(std::path::Path::new("/")))
-}
-
-/// `row`'s primary-key values, every other column null.
-fn key_only(m: &Mapping, row: &[Value]) -> Vec<Value> {
-    let pk = m.schema.primary_key();
-    row.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            if pk.contains(&i) {
-                v.clone()
-            } else {
-                Value::Null
-            }
-        })
-        .collect()
 }
 
 /// One change as a dead-letter line: its kind, table and values as Postgres sent them.

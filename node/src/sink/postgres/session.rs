@@ -62,12 +62,7 @@ impl Session {
 
     /// The first row's first value of `sql`, as text.
     pub(crate) fn value(&mut self, sql: &str) -> Result<Option<String>, String> {
-        Ok(self
-            .query(sql)?
-            .into_iter()
-            .next()
-            .and_then(|row| row.into_iter().next().flatten())
-            .map(|b| String::from_utf8_lossy(&b).into_owned()))
+        Ok(self.query(sql)?.first().and_then(|row| column_text(row, 0)))
     }
 
     /// Refuses a server older than PostgreSQL 15 (the first run's `SNAPSHOT 'use'` and the
@@ -127,13 +122,7 @@ impl Session {
         Ok(rows
             .into_iter()
             .map(|r| {
-                let text = |i: usize| {
-                    r.get(i)
-                        .cloned()
-                        .flatten()
-                        .map(|b| String::from_utf8_lossy(&b).into_owned())
-                        .unwrap_or_default()
-                };
+                let text = |i| column_text(&r, i).unwrap_or_default();
                 (text(0), text(1), text(2))
             })
             .collect())
@@ -168,6 +157,13 @@ impl Drop for Streaming {
             tokio::time::timeout(std::time::Duration::from_secs(2), client.shutdown()).await
         });
     }
+}
+
+/// Column `i` of a result row as text (`None`: NULL or no such column).
+pub(crate) fn column_text(row: &QueryRow, i: usize) -> Option<String> {
+    row.get(i)?
+        .as_ref()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
 }
 
 fn first_words(sql: &str) -> String {
@@ -208,13 +204,7 @@ pub(crate) fn catalog_ddl(session: &mut Session) -> Result<String, String> {
     }
     let mut tables: Vec<TableDdl> = Vec::new();
     for row in rows {
-        let text = |i: usize| {
-            row.get(i)
-                .cloned()
-                .flatten()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default()
-        };
+        let text = |i| column_text(&row, i).unwrap_or_default();
         let table = format!("{}.{}", ident(&text(0)), ident(&text(1)));
         let column = text(2);
         let (oid, typmod) = (
