@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 25] = [
+    let metrics: [(&str, &str, &str, String); 26] = [
         (
             "retina_hwm",
             "gauge",
@@ -251,6 +251,12 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "Postgres: bytes of WAL the server has written past the change the sink read last.",
             load(&s.source_lag_wal_bytes),
+        ),
+        (
+            "retina_checkpoints_failed_total",
+            "counter",
+            "Checkpoints that failed (an image or record the lake or disk refused); each is put again.",
+            load(&s.checkpoints_failed),
         ),
         (
             "retina_checkpoint_in_progress",

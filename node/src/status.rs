@@ -97,6 +97,11 @@ pub struct NodeStatus {
     pub io_in_flight: [AtomicU64; IoKind::ALL.len()],
     /// Whether a checkpoint is on its way through the shards (begun, not yet recorded).
     pub checkpoint_in_progress: AtomicBool,
+    /// The id of the newest checkpoint that failed (0: none), e.g. an image the lake refused:
+    /// a sink puts its barrier again.
+    pub checkpoint_failed_id: AtomicU64,
+    /// Checkpoints that failed since the start.
+    pub checkpoints_failed: AtomicU64,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
     /// Set with `error`, so that the sink's check after every group takes no lock.

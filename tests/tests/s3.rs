@@ -336,6 +336,75 @@ fn failed_puts_are_retried_and_lose_nothing() {
     node.shutdown();
 }
 
+/// The lake refuses every write while a short stream replays, and for a while after the
+/// source ended: the last checkpoint fails, and is put again until one holding everything is
+/// complete, so the lake alone holds the final state once the sink's run has returned.
+#[test]
+fn a_last_checkpoint_that_fails_is_put_again() {
+    let Some(moto) = Moto::start() else { return };
+    moto.create_bucket("lake-f");
+    let dir = tempfile::tempdir().unwrap();
+    let stream = dir.path().join("bank.json");
+    let model = bank::generate(17, 200, &stream);
+    let s3 = retina_node::lake::s3_lake_store("lake-f", "f", &moto.options()).unwrap();
+    let faulty = Arc::new(FaultyStore::new(s3));
+    let node = start(
+        &dir.path().join("data"),
+        LakeSpec::Store {
+            store: faulty.clone(),
+            url: "s3://lake-f/f/".into(),
+        },
+        bank::DDL,
+        bank_settings(),
+    );
+    faulty.fail_writes.store(true, Ordering::Relaxed);
+    let sink = retina_node::sink::spawn(
+        node.handle().clone(),
+        sink_options(&stream, Some(Duration::from_millis(20))),
+    )
+    .unwrap();
+    // The outage lasts past the end of the source.
+    wait_for("the end of the source", 30, || {
+        node.handle().status().source_done.load(Ordering::Acquire)
+            || node
+                .handle()
+                .status()
+                .checkpoints_failed
+                .load(Ordering::Acquire)
+                > 0
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    let failed = node
+        .handle()
+        .status()
+        .checkpoints_failed
+        .load(Ordering::Acquire);
+    faulty.fail_writes.store(false, Ordering::Relaxed);
+    let report = sink.join().unwrap();
+    assert_eq!(report.stopped_by, None);
+    assert!(failed > 0, "checkpoints failed during the outage");
+    let status = node.handle().status();
+    assert!(
+        status.checkpoint_ts.load(Ordering::Acquire) >= report.last_ts.unwrap(),
+        "the last checkpoint holds every transaction once the run returned"
+    );
+    let checkpoint = status.checkpoint_id.load(Ordering::Acquire);
+    node.shutdown();
+    // A new machine recovers the final state from the lake alone.
+    let node = start(
+        &dir.path().join("data-2"),
+        moto.lake("lake-f", "f"),
+        bank::DDL,
+        bank_settings(),
+    );
+    assert_eq!(
+        node.handle().status().checkpoint_id.load(Ordering::Acquire),
+        checkpoint
+    );
+    check_bank(&node, &moto, "lake-f", &model);
+    node.shutdown();
+}
+
 const GC_DDL: &str = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT NOT NULL);";
 const GC_ROWS: i64 = 4000;
 

@@ -246,8 +246,8 @@ impl CoordinatorActor {
         let Some(record) = self.state.checkpoint_done(id, shard, ok) else {
             // Other shards may still be writing their images of it: its folder goes once a
             // later checkpoint completes.
-            if !ok && !self.abandoned.contains(&id) {
-                self.abandoned.push(id);
+            if !ok {
+                self.abandon(id);
             }
             return;
         };
@@ -265,7 +265,7 @@ impl CoordinatorActor {
                 record.id
             );
             self.state.checkpoint_done(record.id, 0, false);
-            self.abandoned.push(record.id);
+            self.abandon(record.id);
             return;
         }
         // The commit point: from here on a restart starts from this checkpoint.
@@ -301,6 +301,21 @@ impl CoordinatorActor {
         // Objects only the replaced checkpoint read may go now.
         self.send_watermarks();
         tracing::debug!("checkpoint {} at {} is complete", record.id, record.ts);
+    }
+
+    /// Checkpoint `id` failed: its folder goes once a later one completes, and the sink,
+    /// seeing it in the status, puts its barrier again.
+    fn abandon(&mut self, id: u64) {
+        if self.abandoned.contains(&id) {
+            return;
+        }
+        self.abandoned.push(id);
+        self.status
+            .checkpoint_failed_id
+            .fetch_max(id, Ordering::AcqRel);
+        self.status
+            .checkpoints_failed
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Puts checkpoint `p`'s source state and catalog in the lake, then its record.

@@ -271,8 +271,12 @@ impl CoordinatorState {
             return None;
         }
         let ts = Timestamp::new(self.issued_through()).expect("issued timestamps are valid");
-        if self.checkpoint.is_some_and(|c| c.ts >= ts) {
-            // Nothing new since the last one.
+        if self
+            .checkpoint
+            .is_some_and(|c| c.ts >= ts && c.source == source)
+        {
+            // Nothing new since the last one (a source that moved on without a transaction,
+            // past duplicates say, is worth recording: a restart reads less).
             return None;
         }
         self.last_begun += 1;
