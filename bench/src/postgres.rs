@@ -4,7 +4,6 @@
 //! As root the server runs as the `postgres` user, which the package creates.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -54,10 +53,8 @@ impl PgServer {
         let bin = postgres_bin().ok_or(
             "no PostgreSQL server: install one with `apt-get install postgresql` (Debian)",
         )?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("a free port: {e}"))?
-            .port();
+        // Below the ephemeral range: the port is free again when the server restarts.
+        let port = crate::ports::free_port();
         let dir = std::env::temp_dir().join(format!("retina-pg-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;

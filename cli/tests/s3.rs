@@ -5,7 +5,8 @@
 //! `retina sql`, configured by its own AWS_* environment, reads the bucket.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,12 +30,9 @@ fn stream(txns: usize) -> String {
     s
 }
 
+/// A port for `--listen` (the shards' scan services take the ports after it) or metrics.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    retina_tests::free_ports()
 }
 
 fn metric(port: u16, name: &str) -> Option<f64> {

@@ -1,7 +1,8 @@
 //! `retina serve` as a user runs it: from a file and from stdin, serving metrics, until SIGTERM.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,12 +28,9 @@ fn stream(txns: usize) -> String {
     s
 }
 
+/// A port for `--listen` (the shards' scan services take the ports after it) or metrics.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    retina_tests::free_ports()
 }
 
 fn metrics(port: u16) -> Option<String> {

@@ -108,17 +108,8 @@ pub fn logged_after(
 }
 
 /// A loopback port whose next three ports are free too (a node's coordinator service, its
-/// shards' scan services after it, then metrics).
+/// shards' scan services after it, then metrics), below the ephemeral range so that a node
+/// started again on them finds them free (see [`retina_bench::ports`]).
 pub fn free_ports() -> u16 {
-    use std::net::TcpListener;
-    loop {
-        let p = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if p < 65_000 && (1..=3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
+    retina_bench::ports::free_ports(4)
 }

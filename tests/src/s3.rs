@@ -3,7 +3,8 @@
 //! connector explicitly (never through the process environment, which parallel tests share).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,11 +47,7 @@ impl Moto {
             return None;
         }
         for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = retina_bench::ports::free_port();
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
             let child = Command::new("moto_server")
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])

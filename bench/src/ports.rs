@@ -1,0 +1,91 @@
+//! Ports for the servers that tests and benchmarks start on loopback, and may start again on
+//! the same port (a node after a kill, a PostgreSQL server after a restart).
+//!
+//! A port from `bind(0)` lies in the kernel's ephemeral range, which every outgoing connection
+//! on the machine draws its local port from: while a server is down for a restart, a client
+//! connection (a `psql`, a node's connection to its source, an S3 request) may take the port,
+//! and the server cannot bind it again ("Address already in use"). These ports lie below that
+//! range, where no connection takes one unless asked.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where this process takes ports from next (an offset in the window; `u32::MAX`: not yet).
+static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// The lowest port of the kernel's ephemeral range (32768 where it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
+/// `n` consecutive loopback ports, each free now, below the ephemeral range; the first is
+/// returned. Each call in a process gets new ones; processes start at different places.
+pub fn free_ports(n: u16) -> u16 {
+    let high = ephemeral_low();
+    let low = 10_000u16;
+    if high < low + 1_000 + n {
+        // No room below the ephemeral range: take what bind(0) gives.
+        return bind_any(n);
+    }
+    let window = u32::from(high - n - low);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::process::id().wrapping_mul(2_654_435_761)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            seed % window,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+    for _ in 0..window {
+        let offset = NEXT.fetch_add(u32::from(n) + 1, Ordering::Relaxed) % window;
+        let first = low + offset as u16;
+        if (first..first + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return first;
+        }
+    }
+    bind_any(n)
+}
+
+/// `n` consecutive free ports starting at one `bind(0)` gives.
+fn bind_any(n: u16) -> u16 {
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a loopback port")
+            .port();
+        if p <= u16::MAX - n && (1..n).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+}
+
+/// One free port (see [`free_ports`]).
+pub fn free_port() -> u16 {
+    free_ports(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_free_distinct_and_below_the_ephemeral_range() {
+        let high = ephemeral_low();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..50 {
+            let first = free_ports(4);
+            for p in first..first + 4 {
+                assert!(p < high || high < 11_004, "{p} is in the ephemeral range");
+                assert!(seen.insert(p), "{p} was given twice");
+                TcpListener::bind(("127.0.0.1", p)).unwrap();
+            }
+        }
+    }
+}
