@@ -714,7 +714,6 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
         &["--schema", &schema],
     );
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let rt = retina_tests::runtime();
     // Wait for the copy, then change both tables.
     wait_for(dir.path(), "streaming from", 1, 30);
     pg.psql(
@@ -731,7 +730,7 @@ fn postgres_sources_refuse_what_they_cannot_replay() {
         ) && text.contains("transaction "),
         "{text}"
     );
-    let ids = node_ids(&rt, addr, "ok").expect("the node answers");
+    let ids = node_ids(dir.path(), addr, "ok").expect("the node answers");
     assert_eq!(ids, [1, 2], "the transactions before the refused one");
     drop(served);
 }
@@ -766,10 +765,9 @@ fn postgres_source_dead_letters_with_on_error_skip() {
     )
     .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let rt = retina_tests::runtime();
     let start = Instant::now();
     let ids = loop {
-        if let Some(ids) = node_ids(&rt, addr, "events")
+        if let Some(ids) = node_ids(dir.path(), addr, "events")
             && (ids.len() >= 2 || start.elapsed() > Duration::from_secs(30))
         {
             break ids;
@@ -865,27 +863,51 @@ fn wait_for(dir: &std::path::Path, text: &str, times: usize, secs: u64) {
     }
 }
 
+/// Runs `query` on a thread of its own (with a runtime of its own): one that has not returned
+/// in 60 s fails the test with the node's log, rather than stall the whole run.
+fn on_node<T: Send + 'static>(
+    dir: &std::path::Path,
+    query: impl FnOnce(&tokio::runtime::Runtime) -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = tx.send(query(&retina_tests::runtime()));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(v) => {
+            let _ = worker.join();
+            v
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("a query of the node had no answer in 60 s\n{}", log(dir))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(worker.join().expect_err("it ended without an answer"))
+        }
+    }
+}
+
 /// The `int` ids of `public.table` in the node, in order (`None`: it does not answer yet).
-fn node_ids(rt: &tokio::runtime::Runtime, addr: SocketAddr, table: &str) -> Option<Vec<i32>> {
-    rt.block_on(async {
-        let retina = Retina::connect(addr, "").ok()?;
-        let session = retina.begin().await.ok()?;
-        let batches = session
-            .collect(&format!("SELECT id FROM public.{table} ORDER BY id"))
-            .await
-            .ok()?;
-        Some(
-            batches
-                .iter()
-                .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
-                .collect(),
-        )
+fn node_ids(dir: &std::path::Path, addr: SocketAddr, table: &str) -> Option<Vec<i32>> {
+    let sql = format!("SELECT id FROM public.{table} ORDER BY id");
+    on_node(dir, move |rt| {
+        rt.block_on(async {
+            let retina = Retina::connect(addr, "").ok()?;
+            let session = retina.begin().await.ok()?;
+            let batches = session.collect(&sql).await.ok()?;
+            Some(
+                batches
+                    .iter()
+                    .flat_map(|b| b.column(0).as_primitive::<Int32Type>().values().to_vec())
+                    .collect(),
+            )
+        })
     })
 }
 
 /// `(count, sum of id)` of `public.table` in the node, once it answers.
-fn node_count(rt: &tokio::runtime::Runtime, addr: SocketAddr, table: &str) -> Option<(i64, i64)> {
-    let ids = node_ids(rt, addr, table)?;
+fn node_count(dir: &std::path::Path, addr: SocketAddr, table: &str) -> Option<(i64, i64)> {
+    let ids = node_ids(dir, addr, table)?;
     Some((ids.len() as i64, ids.iter().map(|&i| i64::from(i)).sum()))
 }
 
@@ -956,16 +978,15 @@ fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
         .split('|')
         .map(|v| v.parse().unwrap())
         .collect();
-    let rt = retina_tests::runtime();
     let start = Instant::now();
     loop {
-        if node_count(&rt, addr, "big") == Some((expected[0], expected[1])) {
+        if node_count(dir.path(), addr, "big") == Some((expected[0], expected[1])) {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "the node has {:?}, Postgres {expected:?}\n{}",
-            node_count(&rt, addr, "big"),
+            node_count(dir.path(), addr, "big"),
             log(dir.path())
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -1010,16 +1031,15 @@ fn postgres_source_skips_a_transaction_a_shard_refused() {
     )
     .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let rt = retina_tests::runtime();
     let start = Instant::now();
     loop {
-        if node_count(&rt, addr, "dup") == Some((2, 3)) {
+        if node_count(dir.path(), addr, "dup") == Some((2, 3)) {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "the node has {:?}\n{}",
-            node_count(&rt, addr, "dup"),
+            node_count(dir.path(), addr, "dup"),
             log(dir.path())
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -1031,14 +1051,16 @@ fn postgres_source_skips_a_transaction_a_shard_refused() {
         "{dead}"
     );
     // Only the refused transaction is missing: the first row keeps its value.
-    let v = rt.block_on(async {
-        let retina = Retina::connect(addr, "").unwrap();
-        let session = retina.begin().await.unwrap();
-        let b = session
-            .collect("SELECT v FROM public.dup WHERE id = 1")
-            .await
-            .unwrap();
-        b[0].column(0).as_string::<i32>().value(0).to_owned()
+    let v = on_node(dir.path(), move |rt| {
+        rt.block_on(async {
+            let retina = Retina::connect(addr, "").unwrap();
+            let session = retina.begin().await.unwrap();
+            let b = session
+                .collect("SELECT v FROM public.dup WHERE id = 1")
+                .await
+                .unwrap();
+            b[0].column(0).as_string::<i32>().value(0).to_owned()
+        })
     });
     assert_eq!(v, "a");
 }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
 use capnp_rpc::rpc_twoparty_capnp::Side;
@@ -56,19 +57,43 @@ pub async fn bootstrap(addr: SocketAddr) -> Result<bootstrap::Client, ClientErro
     Ok(boot)
 }
 
+/// How long connecting to a service may take, from the TCP connect to its answer: a port
+/// that accepts and never answers (a node stuck, or another program on it) is an error, not
+/// a wait without end.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `connect`, or [`ClientError::Connect`] after [`CONNECT_TIMEOUT`].
+async fn within_connect_timeout<T>(
+    addr: SocketAddr,
+    connect: impl Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    let connect = std::pin::pin!(connect);
+    let timer = std::pin::pin!(glommio::timer::sleep(CONNECT_TIMEOUT));
+    match futures::future::select(connect, timer).await {
+        futures::future::Either::Left((result, _)) => result,
+        futures::future::Either::Right(_) => Err(ClientError::Connect {
+            addr,
+            reason: format!("no answer in {CONNECT_TIMEOUT:?}"),
+        }),
+    }
+}
+
 /// The coordinator at `addr`.
 pub async fn coordinator(
     addr: SocketAddr,
     token: &str,
 ) -> Result<coordinator::Client, ClientError> {
-    let boot = bootstrap(addr).await?;
-    let mut req = boot.coordinator_request();
-    req.get().set_auth_token(token);
-    let resp = req.send().promise.await?;
-    match resp.get()?.get_result()?.which()? {
-        coordinator_result::Which::Ok(c) => Ok(c?),
-        coordinator_result::Which::Error(e) => Err(refused(e)),
-    }
+    within_connect_timeout(addr, async {
+        let boot = bootstrap(addr).await?;
+        let mut req = boot.coordinator_request();
+        req.get().set_auth_token(token);
+        let resp = req.send().promise.await?;
+        match resp.get()?.get_result()?.which()? {
+            coordinator_result::Which::Ok(c) => Ok(c?),
+            coordinator_result::Which::Error(e) => Err(refused(e)),
+        }
+    })
+    .await
 }
 
 /// A shard's scan service at `addr`.
@@ -76,14 +101,17 @@ pub async fn scan_service(
     addr: SocketAddr,
     token: &str,
 ) -> Result<scan_service::Client, ClientError> {
-    let boot = bootstrap(addr).await?;
-    let mut req = boot.scan_service_request();
-    req.get().set_auth_token(token);
-    let resp = req.send().promise.await?;
-    match resp.get()?.get_result()?.which()? {
-        scan_service_result::Which::Ok(c) => Ok(c?),
-        scan_service_result::Which::Error(e) => Err(refused(e)),
-    }
+    within_connect_timeout(addr, async {
+        let boot = bootstrap(addr).await?;
+        let mut req = boot.scan_service_request();
+        req.get().set_auth_token(token);
+        let resp = req.send().promise.await?;
+        match resp.get()?.get_result()?.which()? {
+            scan_service_result::Which::Ok(c) => Ok(c?),
+            scan_service_result::Which::Error(e) => Err(refused(e)),
+        }
+    })
+    .await
 }
 
 /// Begins a query: its id, snapshot, lease and secret.
@@ -465,6 +493,22 @@ mod tests {
             .filter(|&i| out[(i / 64) as usize] >> (i % 64) & 1 == 1)
             .collect();
         assert_eq!(set, vec![0, 69, 70, 129]);
+    }
+
+    #[test]
+    fn a_port_that_accepts_and_never_answers_is_an_error_in_time() {
+        // Listening, never accepting: the kernel completes the connection, nothing answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let started = std::time::Instant::now();
+        let err = crate::Connection::connect(addr, "")
+            .err()
+            .expect("no coordinator there");
+        assert!(
+            matches!(&err, ClientError::Connect { reason, .. } if reason.contains("no answer")),
+            "{err}"
+        );
+        assert!(started.elapsed() >= CONNECT_TIMEOUT);
     }
 
     #[test]

@@ -227,7 +227,8 @@ impl Node {
                         what: "the coordinator service".into(),
                         reason: e.to_string(),
                     })?;
-                Some(std::os::fd::IntoRawFd::into_raw_fd(listener))
+                // Owned until its executor takes it: a start that fails before closes it.
+                Some(listener)
             }
             None => None,
         };
@@ -252,11 +253,12 @@ impl Node {
                 let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
                 scan_addrs.push(l.local_addr().map_err(bind_err)?);
                 l.set_nonblocking(true).map_err(bind_err)?;
-                scan_listeners.push(Some(std::os::fd::IntoRawFd::into_raw_fd(l)));
+                scan_listeners.push(Some(l));
             }
         } else {
-            scan_listeners.resize(shards.into(), None);
+            scan_listeners.resize_with(shards.into(), || None);
         }
+        let mut scan_listeners = scan_listeners.into_iter();
 
         // Every shard's queues, created first: the coordinator sends to shards too. The data
         // queue bounds the batches in flight; the control queue is the coordinator's.
@@ -300,6 +302,7 @@ impl Node {
                     .spawn(move || async move {
                         // Canceled when the actor stops, which closes the listener: a node
                         // started again in this process can bind the port at once.
+                        let listener_fd = listener_fd.map(std::os::fd::IntoRawFd::into_raw_fd);
                         let stop =
                             listener_fd.and_then(|fd| crate::rpc::ListenerStop::new(fd).ok());
                         let rpc = listener_fd.map(|fd| {
@@ -368,7 +371,7 @@ impl Node {
                 lake_checkpoints: lake_checkpoints.clone(),
                 checkpoints: settings.checkpoint_interval_ms > 0,
                 watermarks,
-                scan_listener: scan_listeners[usize::from(id)],
+                scan_listener: scan_listeners.next().flatten(),
                 auth_token: options.auth_token.clone(),
             };
             executors.push(

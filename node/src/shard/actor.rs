@@ -48,7 +48,8 @@ pub struct ShardSetup {
     /// The watermarks the node starts with.
     pub watermarks: Watermarks,
     /// The scan service's bound listener, and the token its clients present.
-    pub scan_listener: Option<std::os::fd::RawFd>,
+    /// Bound and non-blocking; owned here until the actor serves it.
+    pub scan_listener: Option<std::net::TcpListener>,
     pub auth_token: Option<String>,
 }
 
@@ -83,10 +84,9 @@ impl ShardActor {
         let queries = Rc::new(RefCell::new(RunningQueries::default()));
         // Canceled when the actor stops, which closes the listener: a node started again in
         // this process can bind the port at once.
-        let stop = setup
-            .scan_listener
-            .and_then(|fd| crate::rpc::ListenerStop::new(fd).ok());
-        let scan = setup.scan_listener.map(|fd| {
+        let scan_fd = setup.scan_listener.map(std::os::fd::IntoRawFd::into_raw_fd);
+        let stop = scan_fd.and_then(|fd| crate::rpc::ListenerStop::new(fd).ok());
+        let scan = scan_fd.map(|fd| {
             // SAFETY: a bound, non-blocking TCP listener whose ownership passed here.
             let listener =
                 unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
