@@ -194,6 +194,10 @@ impl PgServer {
             ])
             .args(["-d", db, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"])
             .args(args)
+            // Neither a server that does not answer nor a statement that waits (on a lock, say)
+            // holds a test up for long.
+            .env("PGCONNECT_TIMEOUT", "30")
+            .env("PGOPTIONS", "-c statement_timeout=300s")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
