@@ -174,6 +174,7 @@ pub(super) fn run(
                 if !sink.group.is_empty() && !sink.submit() {
                     break;
                 }
+                sink.barrier_if_due();
                 sink.check_caught_up(true);
                 if sink.skip_refused() {
                     break;
@@ -186,6 +187,7 @@ pub(super) fn run(
                         break;
                     }
                 } else if at_end {
+                    sink.barrier_if_due();
                     sink.check_caught_up(true);
                     if sink.skip_refused() {
                         break;
@@ -645,14 +647,7 @@ impl Sink<'_> {
                     .duplicates_skipped
                     .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
                 self.check_caught_up(false);
-                let assembler = &self.assembler;
-                self.barriers.after_group(
-                    self.node,
-                    self.options,
-                    self.submitted,
-                    || source_state(assembler),
-                    &mut self.report,
-                );
+                self.barrier_if_due();
                 true
             }
             Err(e) => {
@@ -660,6 +655,20 @@ impl Sink<'_> {
                 false
             }
         }
+    }
+
+    /// Puts a checkpoint barrier after everything handed over if the checkpoint interval has
+    /// passed since the last (after a group, and while a followed source is quiet, so that a
+    /// checkpoint that failed is put again without waiting for more input).
+    fn barrier_if_due(&mut self) {
+        let assembler = &self.assembler;
+        self.barriers.after_group(
+            self.node,
+            self.options,
+            self.submitted,
+            || source_state(assembler),
+            &mut self.report,
+        );
     }
 
     /// Once every transaction that was in the source when this run opened it has been

@@ -131,6 +131,7 @@ pub(in crate::sink) fn run(
             sink.fail(e);
             break;
         }
+        sink.barrier_if_due();
         sink.check_caught_up();
         if sink.caught_up && !options.follow {
             break;
@@ -482,14 +483,7 @@ impl KafkaSink<'_> {
                     .status()
                     .duplicates_skipped
                     .store(self.assembler.duplicates_skipped(), Ordering::Relaxed);
-                let (assembler, parts) = (&mut self.assembler, &self.parts);
-                self.barriers.after_group(
-                    self.node,
-                    self.options,
-                    self.submitted,
-                    || source_state(assembler, parts),
-                    &mut self.report,
-                );
+                self.barrier_if_due();
                 true
             }
             Err(e) => {
@@ -522,6 +516,20 @@ impl KafkaSink<'_> {
     /// Whether a [`SinkMsg::Stop`] arrived (now or before).
     fn stop_asked(&mut self) -> bool {
         self.inbox.stop_asked()
+    }
+
+    /// Puts a checkpoint barrier after everything handed over if the checkpoint interval has
+    /// passed since the last (after a group, and while the topics are quiet, so that a
+    /// checkpoint that failed is put again without waiting for more records).
+    fn barrier_if_due(&mut self) {
+        let (assembler, parts) = (&mut self.assembler, &self.parts);
+        self.barriers.after_group(
+            self.node,
+            self.options,
+            self.submitted,
+            || source_state(assembler, parts),
+            &mut self.report,
+        );
     }
 
     /// Waits up to [`POLL`] for a fetched batch.
