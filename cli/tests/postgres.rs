@@ -850,6 +850,21 @@ fn postgres_sources_use_tls_when_asked() {
     assert_eq!(ssl.trim(), "t", "{}", log(dir.path()));
 }
 
+/// Stops `served` with SIGTERM (a clean stop) and waits for it, 60 s at most.
+fn stop(mut served: Served, dir: &std::path::Path) {
+    let pid = served.0.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let asked = Instant::now();
+    while served.0.try_wait().unwrap().is_none() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "retina serve did not stop in 60 s after SIGTERM\n{}",
+            log(dir)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until the node's log holds `text` at least `times` times, for `secs` at most.
 fn wait_for(dir: &std::path::Path, text: &str, times: usize, secs: u64) {
     let start = Instant::now();
@@ -932,18 +947,7 @@ fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
     let served = serve(dir.path(), port, &source, &[]);
     wait_for(dir.path(), "created slot", 1, 60);
     std::thread::sleep(Duration::from_millis(300));
-    let pid = served.0.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    let mut served = served;
-    let asked = Instant::now();
-    while served.0.try_wait().unwrap().is_none() {
-        assert!(
-            asked.elapsed() < Duration::from_secs(60),
-            "retina serve did not stop in 60 s after SIGTERM\n{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    stop(served, dir.path());
     assert!(
         !log(dir.path()).contains("copied "),
         "the copy ended before the stop; make the table bigger\n{}",
@@ -1071,4 +1075,88 @@ fn postgres_source_skips_a_transaction_a_shard_refused() {
         })
     });
     assert_eq!(v, "a");
+}
+
+#[test]
+fn postgres_source_waits_for_a_slot_another_session_holds() {
+    let Some(pg) = PgServer::for_test() else {
+        return;
+    };
+    pg.psql("postgres", "CREATE DATABASE held").unwrap();
+    pg.psql(
+        "held",
+        "CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;",
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = retina_tests::free_ports();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let source = pg.source_url("held", "p", "s");
+    let served = serve(dir.path(), port, &source, &[]);
+    wait_for(dir.path(), "streaming from", 1, 60);
+    pg.psql("held", "INSERT INTO t VALUES (1)").unwrap();
+    let start = Instant::now();
+    while node_count(dir.path(), addr, "t") != Some((1, 1)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{}",
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop(served, dir.path());
+    // Another session holds the slot, as the session of a node that crashed does until the
+    // server notices it is gone: the node waits for it rather than stop replay.
+    let mut holder = Command::new(pg.bin().join("pg_recvlogical"))
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &pg.port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-d", "held", "--slot", "s", "--start", "-f", "/dev/null"])
+        .args(["-o", "proto_version=1", "-o", "publication_names=p"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while pg
+        .psql(
+            "held",
+            "SELECT active FROM pg_replication_slots WHERE slot_name = 's'",
+        )
+        .unwrap()
+        .trim()
+        != "t"
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pg_recvlogical holds the slot"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _served = serve(dir.path(), port, &source, &[]);
+    wait_for(dir.path(), "SQLSTATE 55006", 1, 60);
+    pg.psql("held", "INSERT INTO t VALUES (2)").unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let start = Instant::now();
+    while node_count(dir.path(), addr, "t") != Some((2, 3)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the node has {:?}\n{}",
+            node_count(dir.path(), addr, "t"),
+            log(dir.path())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !log(dir.path()).contains("replay stopped"),
+        "{}",
+        log(dir.path())
+    );
 }

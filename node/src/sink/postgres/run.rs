@@ -34,6 +34,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(30);
 const STOP_VISIBLE_WAIT: Duration = Duration::from_secs(10);
 /// How long the first run waits for the checkpoint after the copy.
 const COPY_CHECKPOINT_WAIT: Duration = Duration::from_secs(120);
+/// Postgres's SQLSTATE for an object in use: a slot another session holds.
+const OBJECT_IN_USE: &str = "55006";
 /// The file in the data directory naming the slot this node created and has not yet
 /// checkpointed from: a restart during the copy drops it and copies again.
 const SLOT_MARKER: &str = "postgres-slot-created";
@@ -232,7 +234,16 @@ impl<'a> PgSink<'a> {
             lsn(self.resume_lsn),
             lsn(self.catch_up_at.unwrap_or(0))
         );
-        session.start().map(Some)
+        match session.start() {
+            Ok(stream) => Ok(Some(stream)),
+            // The slot is still held by the session of a run that ended without closing it (a
+            // crash, a machine gone), until the server notices: wait for it as after a broken
+            // connection.
+            Err(e) if e.contains(&format!("SQLSTATE {OBJECT_IN_USE}")) => {
+                Ok(self.connect_again(&e))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The first run: creates the slot and copies every table of the publication at the
@@ -488,6 +499,12 @@ impl<'a> PgSink<'a> {
     /// the slot is gone. `None`: the run ends.
     fn reconnect(&mut self, old: Streaming, why: &str) -> Option<Streaming> {
         drop(old);
+        self.connect_again(why)
+    }
+
+    /// Connects and starts streaming after the last transaction read whole, retrying with
+    /// backoff as [`Self::reconnect`] says.
+    fn connect_again(&mut self, why: &str) -> Option<Streaming> {
         let (start, ack) = (
             Lsn::from_u64(self.read_lsn),
             Lsn::from_u64(self.confirmed_lsn),
