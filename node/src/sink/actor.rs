@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use flume::Receiver;
 use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
-use super::barrier::Barriers;
+use super::barrier::{Barriers, LAST_CHECKPOINT_WAIT};
 use super::dead_letter::{DeadLetter, dead_letter_offsets, marker, write_once};
 use super::decode::{CHUNK_BYTES, Decoded, Lanes, Parsed};
 use super::msg::{SinkMsg, SinkReport};
@@ -260,6 +260,7 @@ pub(super) fn run(
                 sink.submitted,
                 || source_state(assembler),
                 &mut sink.report,
+                LAST_CHECKPOINT_WAIT,
             );
         }
     }

@@ -14,9 +14,9 @@ use crate::coordinator::SourceMark;
 use crate::error::NodeError;
 use crate::node::NodeHandle;
 
-/// How long the last barrier waits for a checkpoint holding everything to complete (putting
-/// it again while the ones it puts fail).
-const FINAL_WAIT: Duration = Duration::from_secs(30);
+/// How long the last barrier of a run waits for a checkpoint holding everything to complete
+/// (putting it again while the ones it puts fail).
+pub(super) const LAST_CHECKPOINT_WAIT: Duration = Duration::from_secs(30);
 /// How long it sleeps between looks at the checkpoint on its way.
 const RETRY: Duration = Duration::from_millis(5);
 /// The longest wait before a failed last checkpoint is put again.
@@ -122,34 +122,36 @@ impl Barriers {
 
     /// A barrier after everything submitted, waiting for one still on its way to finish first
     /// and then for its own to complete, putting it again if it fails (while the node has no
-    /// error, for [`FINAL_WAIT`] at most); returns the id of the last one it put, if any.
+    /// error, for `wait` at most); whether a checkpoint holding everything submitted is
+    /// complete.
     pub(super) fn last(
         &mut self,
         node: &NodeHandle,
         submitted: SourceMark,
         mut state: impl FnMut() -> SourceState,
         report: &mut SinkReport,
-    ) -> Option<u64> {
+        wait: Duration,
+    ) -> bool {
         let start = Instant::now();
-        let mut put = None;
+        let mut put = false;
         // After a failure (the lake refuses writes for a while, say), the next try waits.
         let mut backoff = RETRY;
         let mut next_try = start;
         loop {
             self.settle(node);
             if self.complete_at == submitted {
-                return put;
+                return true;
             }
-            if node.status().error().is_some() || start.elapsed() >= FINAL_WAIT {
+            if node.status().error().is_some() || start.elapsed() >= wait {
                 break;
             }
             if self.at != submitted && Instant::now() >= next_try {
-                if put.is_some() {
+                if put {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 next_try = Instant::now() + backoff;
                 match self.try_put(node, submitted, &mut state, report) {
-                    Ok(id) => put = id.or(put),
+                    Ok(id) => put |= id.is_some(),
                     Err(e) => {
                         tracing::warn!("checkpoint barrier: {e}");
                         break;
@@ -159,10 +161,10 @@ impl Barriers {
             std::thread::sleep(RETRY);
         }
         tracing::warn!(
-            "the last checkpoint barrier did not complete in {FINAL_WAIT:?}: a restart \
-             replays from checkpoint {}",
+            "the last checkpoint barrier did not complete in {wait:?}: a restart replays from \
+             checkpoint {}",
             node.status().checkpoint_id.load(Ordering::Acquire)
         );
-        put
+        false
     }
 }

@@ -18,7 +18,7 @@ use crate::coordinator::SourceMark;
 use crate::debezium::{SourcePosition, TxnMode};
 use crate::node::NodeHandle;
 use crate::sink::actor::{CHECKPOINT_IDS, Ops, txn_ops};
-use crate::sink::barrier::Barriers;
+use crate::sink::barrier::{Barriers, LAST_CHECKPOINT_WAIT};
 use crate::sink::msg::{Inbox, SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
 use crate::sink::source::{KafkaState, SourceState};
@@ -571,6 +571,7 @@ impl KafkaSink<'_> {
                     self.submitted,
                     || source_state(assembler, parts),
                     &mut self.report,
+                    LAST_CHECKPOINT_WAIT,
                 );
             }
         }

@@ -18,7 +18,7 @@ use crate::coordinator::SourceMark;
 use crate::debezium::key_only;
 use crate::node::NodeHandle;
 use crate::sink::actor::Ops;
-use crate::sink::barrier::Barriers;
+use crate::sink::barrier::{Barriers, LAST_CHECKPOINT_WAIT};
 use crate::sink::dead_letter::{DeadLetter, dead_letter_offsets, write_once};
 use crate::sink::msg::{Inbox, SinkMsg, SinkReport};
 use crate::sink::options::{OnError, SinkOptions};
@@ -381,42 +381,23 @@ impl<'a> PgSink<'a> {
         self.resume_lsn = start.as_u64();
         // The slot starts there: confirmed already.
         self.confirmed_lsn = start.as_u64();
-        let submitted = self.submitted;
-        let deadline = Instant::now() + COPY_CHECKPOINT_WAIT;
-        let id = loop {
-            if self.options.checkpoint_interval.is_none() {
-                // Checkpoints are off: a restart copies again (the marker stays).
-                break None;
-            }
-            if let Some(id) =
-                self.barriers
-                    .put(self.node, submitted, self.state(), &mut self.report)
-            {
-                break Some(id);
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{}: no checkpoint could be put after the copy in {:?}",
-                    self.spec, COPY_CHECKPOINT_WAIT
-                ));
-            }
-            if let Some(e) = self.node_error() {
-                return Err(e);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        if let Some(id) = id {
-            while self.node.status().checkpoint_id.load(Ordering::Acquire) < id {
-                if let Some(e) = self.node_error() {
-                    return Err(e);
-                }
-                if Instant::now() > deadline {
-                    return Err(format!(
+        // Checkpoints off: a restart copies again (the marker stays).
+        if self.options.checkpoint_interval.is_some() {
+            let (submitted, state) = (self.submitted, self.state());
+            let complete = self.barriers.last(
+                self.node,
+                submitted,
+                state,
+                &mut self.report,
+                COPY_CHECKPOINT_WAIT,
+            );
+            if !complete {
+                return Err(self.node_error().unwrap_or_else(|| {
+                    format!(
                         "{}: the checkpoint after the copy did not complete in {:?}",
                         self.spec, COPY_CHECKPOINT_WAIT
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(5));
+                    )
+                }));
             }
             let _ = std::fs::remove_file(marker);
             self.durable_lsn = start.as_u64();
@@ -1021,8 +1002,13 @@ impl<'a> PgSink<'a> {
             }
             if self.report.stopped_by.is_none() && self.options.checkpoint_interval.is_some() {
                 self.handed_lsn = self.read_lsn;
-                self.barriers
-                    .last(self.node, self.submitted, self.state(), &mut self.report);
+                self.barriers.last(
+                    self.node,
+                    self.submitted,
+                    self.state(),
+                    &mut self.report,
+                    LAST_CHECKPOINT_WAIT,
+                );
             }
         }
         if self.catch_up_at.is_some() || self.report.stopped_by.is_some() {
