@@ -213,7 +213,7 @@ impl Node {
                     },
                 )?;
                 let listener =
-                    std::net::TcpListener::bind(addr).map_err(|e| NodeError::Executor {
+                    crate::rpc::bind_listener(addr).map_err(|e| NodeError::Executor {
                         what: format!("the coordinator service on {addr}"),
                         reason: e.to_string(),
                     })?;
@@ -221,12 +221,6 @@ impl Node {
                     what: "the coordinator service".into(),
                     reason: e.to_string(),
                 })?);
-                listener
-                    .set_nonblocking(true)
-                    .map_err(|e| NodeError::Executor {
-                        what: "the coordinator service".into(),
-                        reason: e.to_string(),
-                    })?;
                 // Owned until its executor takes it: a start that fails before closes it.
                 Some(listener)
             }
@@ -250,9 +244,8 @@ impl Node {
                     what: format!("the scan service of shard {id} on {addr}"),
                     reason: e.to_string(),
                 };
-                let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+                let l = crate::rpc::bind_listener(addr).map_err(bind_err)?;
                 scan_addrs.push(l.local_addr().map_err(bind_err)?);
-                l.set_nonblocking(true).map_err(bind_err)?;
                 scan_listeners.push(Some(l));
             }
         } else {

@@ -120,6 +120,20 @@ impl bootstrap::Server for Bootstrap {
     }
 }
 
+/// A listener on `addr` for a Cap'n Proto service: bound, non-blocking, and with room for
+/// [`MAX_CONNECTIONS`] connections waiting to be accepted (the standard library's 128 turns a
+/// burst of clients, hundreds of query workers connecting at once, into resets).
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    // SAFETY: `listen` again on a listening socket this value owns only changes its backlog.
+    let backlog = i32::try_from(MAX_CONNECTIONS).unwrap_or(i32::MAX);
+    if unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&listener), backlog) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(listener)
+}
+
 /// Stops a listener whose descriptor a glommio task owns, when that task is canceled: glommio
 /// closes a dropped listener through its ring, which an executor that is ending may never get
 /// to, so the port would stay taken and a node started again in this process could not bind
