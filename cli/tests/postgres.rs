@@ -926,6 +926,23 @@ fn node_count(dir: &std::path::Path, addr: SocketAddr, table: &str) -> Option<(i
     Some((ids.len() as i64, ids.iter().map(|&i| i64::from(i)).sum()))
 }
 
+/// Waits until `public.table` in the node has `expected` (count, sum of id), 60 s at most.
+fn wait_count(dir: &std::path::Path, addr: SocketAddr, table: &str, expected: (i64, i64)) {
+    let start = Instant::now();
+    loop {
+        let now = node_count(dir, addr, table);
+        if now == Some(expected) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{table}: the node has {now:?}, not {expected:?}\n{}",
+            log(dir)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
     let Some(pg) = PgServer::for_test() else {
@@ -990,19 +1007,7 @@ fn postgres_source_survives_stops_during_the_copy_and_a_server_restart() {
         .split('|')
         .map(|v| v.parse().unwrap())
         .collect();
-    let start = Instant::now();
-    loop {
-        if node_count(dir.path(), addr, "big") == Some((expected[0], expected[1])) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the node has {:?}, Postgres {expected:?}\n{}",
-            node_count(dir.path(), addr, "big"),
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_count(dir.path(), addr, "big", (expected[0], expected[1]));
     assert!(log(dir.path()).contains("streaming again from"));
 }
 
@@ -1043,19 +1048,7 @@ fn postgres_source_skips_a_transaction_a_shard_refused() {
     )
     .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let start = Instant::now();
-    loop {
-        if node_count(dir.path(), addr, "dup") == Some((2, 3)) {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the node has {:?}\n{}",
-            node_count(dir.path(), addr, "dup"),
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_count(dir.path(), addr, "dup", (2, 3));
     let dead = std::fs::read_to_string(dir.path().join("data/dead-letter.jsonl")).unwrap();
     assert_eq!(dead.lines().count(), 1, "{dead}");
     assert!(
@@ -1095,15 +1088,7 @@ fn postgres_source_waits_for_a_slot_another_session_holds() {
     let served = serve(dir.path(), port, &source, &[]);
     wait_for(dir.path(), "streaming from", 1, 60);
     pg.psql("held", "INSERT INTO t VALUES (1)").unwrap();
-    let start = Instant::now();
-    while node_count(dir.path(), addr, "t") != Some((1, 1)) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{}",
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_count(dir.path(), addr, "t", (1, 1));
     stop(served, dir.path());
     // Another session holds the slot, as the session of a node that crashed does until the
     // server notices it is gone: the node waits for it rather than stop replay.
@@ -1144,16 +1129,7 @@ fn postgres_source_waits_for_a_slot_another_session_holds() {
     pg.psql("held", "INSERT INTO t VALUES (2)").unwrap();
     let _ = holder.kill();
     let _ = holder.wait();
-    let start = Instant::now();
-    while node_count(dir.path(), addr, "t") != Some((2, 3)) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the node has {:?}\n{}",
-            node_count(dir.path(), addr, "t"),
-            log(dir.path())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_count(dir.path(), addr, "t", (2, 3));
     assert!(
         !log(dir.path()).contains("replay stopped"),
         "{}",

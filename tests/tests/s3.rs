@@ -187,24 +187,59 @@ fn replay_into_s3_reads_back_through_the_connector() {
     node.shutdown();
 }
 
-#[test]
-fn a_node_on_a_new_machine_recovers_from_the_lake_after_a_crash() {
-    let Some(moto) = Moto::start() else { return };
-    moto.create_bucket("lake-b");
+/// A bank stream in a temporary folder and a node replaying into a new bucket of `moto`
+/// through a [`FaultyStore`] (whose writes a test can make fail).
+struct FaultyBank {
+    dir: tempfile::TempDir,
+    stream: std::path::PathBuf,
+    model: Model,
+    faulty: Arc<FaultyStore>,
+    node: Node,
+}
+
+/// Creates `bucket`, writes the stream of `(seed, transactions)` and starts a node whose data
+/// directory is `data` in the folder and whose lake is `s3://bucket/prefix/`, faulty.
+fn faulty_bank(
+    moto: &Moto,
+    bucket: &str,
+    prefix: &str,
+    (seed, transactions): (u64, usize),
+    data: &str,
+) -> FaultyBank {
+    moto.create_bucket(bucket);
     let dir = tempfile::tempdir().unwrap();
     let stream = dir.path().join("bank.json");
-    let model = bank::generate(12, 3000, &stream);
-    let s3 = retina_node::lake::s3_lake_store("lake-b", "b", &moto.options()).unwrap();
+    let model = bank::generate(seed, transactions, &stream);
+    let s3 = retina_node::lake::s3_lake_store(bucket, prefix, &moto.options()).unwrap();
     let faulty = Arc::new(FaultyStore::new(s3));
     let node = start(
-        &dir.path().join("machine-1"),
+        &dir.path().join(data),
         LakeSpec::Store {
             store: faulty.clone(),
-            url: "s3://lake-b/b/".into(),
+            url: format!("s3://{bucket}/{prefix}/"),
         },
         bank::DDL,
         bank_settings(),
     );
+    FaultyBank {
+        dir,
+        stream,
+        model,
+        faulty,
+        node,
+    }
+}
+
+#[test]
+fn a_node_on_a_new_machine_recovers_from_the_lake_after_a_crash() {
+    let Some(moto) = Moto::start() else { return };
+    let FaultyBank {
+        dir,
+        stream,
+        model,
+        faulty,
+        node,
+    } = faulty_bank(&moto, "lake-b", "b", (12, 3000), "machine-1");
     let sink = retina_node::sink::spawn(
         node.handle().clone(),
         sink_options(&stream, Some(Duration::from_millis(20))),
@@ -263,21 +298,13 @@ fn a_node_on_a_new_machine_recovers_from_the_lake_after_a_crash() {
 #[test]
 fn failed_puts_are_retried_and_lose_nothing() {
     let Some(moto) = Moto::start() else { return };
-    moto.create_bucket("lake-d");
-    let dir = tempfile::tempdir().unwrap();
-    let stream = dir.path().join("bank.json");
-    let model = bank::generate(13, 2000, &stream);
-    let s3 = retina_node::lake::s3_lake_store("lake-d", "d", &moto.options()).unwrap();
-    let faulty = Arc::new(FaultyStore::new(s3));
-    let node = start(
-        &dir.path().join("data"),
-        LakeSpec::Store {
-            store: faulty.clone(),
-            url: "s3://lake-d/d/".into(),
-        },
-        bank::DDL,
-        bank_settings(),
-    );
+    let FaultyBank {
+        dir,
+        stream,
+        model,
+        faulty,
+        node,
+    } = faulty_bank(&moto, "lake-d", "d", (13, 2000), "data");
     let sink = retina_node::sink::spawn(
         node.handle().clone(),
         sink_options(&stream, Some(Duration::from_millis(20))),
@@ -342,21 +369,13 @@ fn failed_puts_are_retried_and_lose_nothing() {
 #[test]
 fn a_last_checkpoint_that_fails_is_put_again() {
     let Some(moto) = Moto::start() else { return };
-    moto.create_bucket("lake-f");
-    let dir = tempfile::tempdir().unwrap();
-    let stream = dir.path().join("bank.json");
-    let model = bank::generate(17, 200, &stream);
-    let s3 = retina_node::lake::s3_lake_store("lake-f", "f", &moto.options()).unwrap();
-    let faulty = Arc::new(FaultyStore::new(s3));
-    let node = start(
-        &dir.path().join("data"),
-        LakeSpec::Store {
-            store: faulty.clone(),
-            url: "s3://lake-f/f/".into(),
-        },
-        bank::DDL,
-        bank_settings(),
-    );
+    let FaultyBank {
+        dir,
+        stream,
+        model,
+        faulty,
+        node,
+    } = faulty_bank(&moto, "lake-f", "f", (17, 200), "data");
     faulty.fail_writes.store(true, Ordering::Relaxed);
     let sink = retina_node::sink::spawn(
         node.handle().clone(),
