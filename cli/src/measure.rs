@@ -40,6 +40,7 @@ pub(crate) fn node_with_lake(
         listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
 }
 

@@ -40,6 +40,7 @@ fn start_node(dir: &std::path::Path, entries: i64) -> Node {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap();
     let (accounts, ledger) = (

@@ -39,4 +39,6 @@ pub enum NodeError {
     CatalogChanged { path: PathBuf, changes: String },
     #[error("the lake {lake}: {reason}")]
     Lake { lake: String, reason: String },
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }

@@ -41,6 +41,9 @@ pub struct NodeHandle {
     pub(crate) decimal_handling: DecimalHandling,
     /// The node's data directory (absolute).
     pub(crate) data_dir: Arc<std::path::Path>,
+    /// A cluster leader's lease: timestamps are handed out only while it stands (`None`: a
+    /// node on its own).
+    pub(crate) lease: Option<Arc<crate::cluster::LeaseClock>>,
 }
 
 impl NodeHandle {
@@ -144,7 +147,18 @@ impl NodeHandle {
     }
 
     /// `n` consecutive timestamps from the coordinator (group begin).
+    ///
+    /// In a cluster, waits while the leader's lease is not renewed (etcd unreachable): a
+    /// leader that cannot tell whether it still leads makes nothing new visible. A lease lost
+    /// for good is an error, and the node stops replaying.
     pub fn allocate(&self, n: u64) -> Result<RangeInclusive<u64>, NodeError> {
+        if let Some(lease) = &self.lease {
+            lease.wait_valid().map_err(|lost| {
+                let e = lost.to_string();
+                self.status.fail(e.clone());
+                NodeError::Cluster(lost.into())
+            })?;
+        }
         let (tx, rx) = flume::bounded(1);
         self.coord
             .send(CoordMsg::Allocate { n, reply: tx })

@@ -2,6 +2,7 @@
 //! the I/O thread, the Cap'n Proto services, and the sources and catalog they replay.
 
 pub mod catalog;
+pub mod cluster;
 pub mod coordinator;
 pub mod datadir;
 pub mod debezium;

@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 26] = [
+    let metrics: [(&str, &str, &str, String); 28] = [
         (
             "retina_hwm",
             "gauge",
@@ -263,6 +263,21 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "gauge",
             "1 while a checkpoint is on its way through the shards.",
             flag(s.checkpoint_in_progress.load(Ordering::Relaxed)),
+        ),
+        (
+            "retina_cluster_epoch",
+            "gauge",
+            "A cluster's leader: the epoch of its leadership (0: a node on its own).",
+            load(&s.cluster_epoch),
+        ),
+        (
+            "retina_cluster_lease_seconds",
+            "gauge",
+            "A cluster's leader: how long its lease stands without another renewal; replay pauses at 0.",
+            s.lease
+                .get()
+                .map_or(0.0, |l| l.remaining().as_secs_f64())
+                .to_string(),
         ),
     ];
     for (name, kind, help, value) in metrics {

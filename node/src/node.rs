@@ -23,6 +23,8 @@ use glommio::{LocalExecutorBuilder, Placement};
 use retina_storage::{Hwm, Shard, Timestamp};
 
 use crate::catalog::Catalog;
+use crate::cluster::store::ClusterState;
+use crate::cluster::{Member, MetaStore, epoch_base};
 use crate::coordinator::actor::{CONTROL_QUEUE, CoordinatorActor};
 use crate::coordinator::{
     CoordMsg, CoordinatorState, SOURCE_STATE_FILE, StateFile, checkpoint_dir,
@@ -60,6 +62,11 @@ pub struct NodeOptions {
     /// Queries wait for the sink's [`NodeHandle::caught_up`] before they begin (a sink reads
     /// the source); else only until HWM is back where it was persisted.
     pub await_source: bool,
+    /// This node's membership of a cluster, once it leads (`None`: a node on its own). The
+    /// coordinator's state then lives in the cluster's metadata store, the node starts from
+    /// the checkpoint recorded there, hands out timestamps only while its lease stands, and
+    /// numbers its files and checkpoints from its epoch's base.
+    pub cluster: Option<Arc<Member>>,
 }
 
 /// The I/O runtime until the I/O thread takes it: a start that fails before drops it without
@@ -118,7 +125,37 @@ impl Node {
             &options.lake.to_string(),
             persisted.checkpoint.is_some(),
         )?;
-        recovery::adopt_lake_checkpoint(&options.data_dir, &lake, rt_ref, &mut persisted)?;
+        let epoch = options.cluster.as_ref().map_or(0, |m| m.epoch());
+        // What the cluster recorded is the commit point; a cluster that recorded nothing yet
+        // starts from the lake, like a node on its own (say, one that joined a cluster).
+        let in_cluster = match &options.cluster {
+            Some(member) => {
+                if !lake.is_remote() {
+                    return Err(NodeError::Lake {
+                        lake: lake.url.clone(),
+                        reason: format!(
+                            "the nodes of the cluster {} share a remote lake: give --lake \
+                             s3://BUCKET/PREFIX",
+                            member.spec()
+                        ),
+                    });
+                }
+                member.load_state()?
+            }
+            None => None,
+        };
+        match in_cluster {
+            Some(cluster) => recovery::adopt_cluster_checkpoint(
+                &options.data_dir,
+                &lake,
+                rt_ref,
+                &mut persisted,
+                cluster,
+            )?,
+            None => {
+                recovery::adopt_lake_checkpoint(&options.data_dir, &lake, rt_ref, &mut persisted)?
+            }
+        }
         datadir::check_catalog(
             &options.data_dir,
             &options.catalog,
@@ -167,6 +204,11 @@ impl Node {
         }
         let files = recovery::plan_files(&recovered, &options.catalog, &lake, rt_ref)?;
         let mut recovered = recovered.into_iter();
+        if let Some(member) = &options.cluster {
+            member.report(status.clone());
+            status.cluster_epoch.store(epoch, Ordering::Relaxed);
+            let _ = status.lease.set(member.clock().clone());
+        }
         let io_rt = rt_ref.handle().clone();
         // Checkpoints go to a remote lake too, uploaded on the I/O thread's runtime.
         let lake_checkpoints = lake.is_remote().then(|| crate::lake::LakeCheckpoints {
@@ -270,8 +312,19 @@ impl Node {
 
         // Coordinator.
         {
+            let file = StateFile::new(&options.data_dir);
+            let store: Box<dyn MetaStore> = match &options.cluster {
+                Some(member) => Box::new(ClusterState {
+                    file,
+                    member: member.clone(),
+                }),
+                None => Box::new(file),
+            };
             let actor = CoordinatorActor::new(
-                CoordinatorState::new(shards, persisted, options.await_source).with_files(files),
+                CoordinatorState::new(shards, persisted, options.await_source)
+                    .with_files(files)
+                    .with_checkpoint_ids_after(epoch_base(epoch)),
+                store,
                 options.data_dir.clone(),
                 lake_checkpoints.clone(),
                 status.clone(),
@@ -338,7 +391,7 @@ impl Node {
         for id in 0..shards {
             let data = shard_rxs.next().expect("a queue per shard");
             let control = control_rxs.next().expect("a queue per shard");
-            let shard = match recovered.next() {
+            let mut shard = match recovered.next() {
                 Some(s) => s,
                 None => {
                     let mut s = Shard::new(id, settings.storage())?;
@@ -348,6 +401,7 @@ impl Node {
                     s
                 }
             };
+            shard.skip_file_seq_to(epoch_base(epoch));
             let setup = ShardSetup {
                 id,
                 shards,
@@ -391,6 +445,7 @@ impl Node {
                 resume_state,
                 decimal_handling: settings.decimal_handling,
                 data_dir: options.data_dir.as_path().into(),
+                lease: options.cluster.as_ref().map(|m| m.clock().clone()),
             },
             _lock: lock,
             coordinator,

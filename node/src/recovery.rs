@@ -127,6 +127,61 @@ pub fn adopt_lake_checkpoint(
         lake.url,
         local.map_or("none".to_owned(), |l| format!("checkpoint {}", l.id))
     );
+    fetch_checkpoint(data_dir, lake, rt, persisted, lake_persisted.hwm, record)
+}
+
+/// Makes the data directory's checkpoint the one a cluster recorded, `cluster` (its state in
+/// the metadata store, the commit point): fetched from the lake unless the data directory
+/// holds it already. A checkpoint of the data directory that the cluster did not record (one
+/// whose commit failed) is not used: it is removed with every other at the start.
+pub fn adopt_cluster_checkpoint(
+    data_dir: &Path,
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
+    persisted: &mut Persisted,
+    cluster: Persisted,
+) -> Result<(), NodeError> {
+    let local = persisted.checkpoint;
+    let hwm = persisted.hwm.max(cluster.hwm);
+    match cluster.checkpoint {
+        Some(record) if local != Some(record) => {
+            tracing::info!(
+                "recovering from checkpoint {} recorded by the cluster, from the lake {} (the \
+                 data directory has {})",
+                record.id,
+                lake.url,
+                local.map_or("none".to_owned(), |l| format!("checkpoint {}", l.id))
+            );
+            fetch_checkpoint(data_dir, lake, rt, persisted, hwm, record)
+        }
+        checkpoint => {
+            let adopted = Persisted { hwm, checkpoint };
+            if adopted != *persisted {
+                crate::datadir::write_durably(
+                    &data_dir.join("coordinator.state"),
+                    &StateFile::encode(&adopted),
+                )?;
+                *persisted = adopted;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Fetches checkpoint `record`'s shard images, source state and catalog from the lake into
+/// the data directory, and makes it the data directory's checkpoint (with HWM `hwm`).
+fn fetch_checkpoint(
+    data_dir: &Path,
+    lake: &Lake,
+    rt: &tokio::runtime::Runtime,
+    persisted: &mut Persisted,
+    hwm: retina_storage::Hwm,
+    record: crate::coordinator::CheckpointRecord,
+) -> Result<(), NodeError> {
+    let err = |reason: String| NodeError::Lake {
+        lake: lake.url.clone(),
+        reason,
+    };
     let dir = checkpoint_dir(data_dir, record.id);
     std::fs::create_dir_all(&dir).map_err(|source| NodeError::DataDir {
         path: dir.clone(),
@@ -150,7 +205,7 @@ pub fn adopt_lake_checkpoint(
         crate::datadir::write_durably(&data_dir.join("catalog.txt"), &bytes)?;
     }
     let adopted = Persisted {
-        hwm: persisted.hwm.max(lake_persisted.hwm),
+        hwm: persisted.hwm.max(hwm),
         checkpoint: Some(record),
     };
     crate::datadir::write_durably(

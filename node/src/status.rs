@@ -104,6 +104,10 @@ pub struct NodeStatus {
     pub checkpoints_failed: AtomicU64,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
+    /// A cluster's leader: the epoch of its leadership (0: a node on its own).
+    pub cluster_epoch: AtomicU64,
+    /// A cluster's leader: its lease, as it last heard from etcd.
+    pub lease: OnceLock<std::sync::Arc<crate::cluster::LeaseClock>>,
     /// Set with `error`, so that the sink's check after every group takes no lock.
     failed: AtomicBool,
     error: Mutex<Option<String>>,

@@ -35,6 +35,7 @@ fn start(dir: &std::path::Path) -> Node {
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap()
 }
@@ -166,6 +167,7 @@ fn start_with(dir: &std::path::Path, ddl: &str, query_wait_ms: u64) -> Result<No
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .map_err(|e| e.to_string())
 }

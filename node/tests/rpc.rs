@@ -32,6 +32,7 @@ fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Resu
         listen: Some(listen),
         auth_token: token.map(str::to_owned),
         await_source: false,
+        cluster: None,
     })
     .map_err(|e| e.to_string())
 }
@@ -197,6 +198,7 @@ fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: Some("tok".into()),
         await_source: false,
+        cluster: None,
     })
     .unwrap();
     let h = node.handle().clone();
@@ -368,6 +370,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap();
     let h = node.handle().clone();

@@ -59,6 +59,7 @@ fn start(data: &Path) -> Node {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap()
 }

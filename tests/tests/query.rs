@@ -43,6 +43,7 @@ fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap()
 }

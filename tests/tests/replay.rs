@@ -37,6 +37,7 @@ fn start(dir: &Path, shards: u16) -> Node {
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap()
 }
@@ -570,6 +571,7 @@ fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap();
     let h = node.handle();

@@ -35,6 +35,7 @@ fn start(data: &Path, lake: LakeSpec, ddl: &str, settings: Settings) -> Node {
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap()
 }
@@ -339,6 +340,7 @@ fn failed_puts_are_retried_and_lose_nothing() {
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .err()
     .expect("another lake is refused")
@@ -580,6 +582,7 @@ fn a_missing_bucket_fails_the_start_with_the_reason() {
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .err()
     .expect("a missing bucket fails the start")

@@ -92,6 +92,7 @@ fn replay_and_compare(
         listen: None,
         auth_token: None,
         await_source: false,
+        cluster: None,
     })
     .unwrap();
     let report = run_sink(

@@ -22,6 +22,7 @@ use super::query::{
     LOCAL, MAX_QUERIES_PER_CONNECTION, MAX_RUNNING_QUERIES, Owner, QueryId, QueryTicket,
 };
 use super::state::CoordinatorState;
+use crate::cluster::{MetaStore, SaveError};
 use crate::lake::{CATALOG_OBJECT, LakeCheckpoints, RECORD_OBJECT};
 use crate::settings::Settings;
 use crate::shard::{ShardMsg, Watermarks};
@@ -45,7 +46,10 @@ struct PendingBegin {
 
 pub struct CoordinatorActor {
     state: CoordinatorState,
-    file: StateFile,
+    /// Where the state is kept durable: the state file, or the cluster's metadata store.
+    store: Box<dyn MetaStore>,
+    /// The store did not answer the last write (logged once until it does).
+    store_down: bool,
     data_dir: PathBuf,
     /// A remote lake, which receives a copy of every checkpoint (`None`: a local lake).
     lake: Option<LakeCheckpoints>,
@@ -77,6 +81,7 @@ pub struct CoordinatorActor {
 impl CoordinatorActor {
     pub fn new(
         state: CoordinatorState,
+        store: Box<dyn MetaStore>,
         data_dir: PathBuf,
         lake: Option<LakeCheckpoints>,
         status: Arc<NodeStatus>,
@@ -91,7 +96,8 @@ impl CoordinatorActor {
         };
         CoordinatorActor {
             state,
-            file: StateFile::new(&data_dir),
+            store,
+            store_down: false,
             data_dir,
             lake,
             abandoned: Vec::new(),
@@ -270,6 +276,8 @@ impl CoordinatorActor {
         }
         // The commit point: from here on a restart starts from this checkpoint.
         if !self.persist(p).await {
+            self.state.checkpoint_done(record.id, 0, false);
+            self.abandon(record.id);
             return;
         }
         let replaced = self.state.checkpoint_recorded(record);
@@ -488,14 +496,27 @@ impl CoordinatorActor {
         }
     }
 
-    /// Persists `p` durably (direct I/O on this core); a failure poisons the node.
+    /// Persists `p` durably (direct I/O on this core, then the cluster's store, if any). A
+    /// store that does not answer is tried again at the next tick; any other failure (the
+    /// local file, or another node leading) poisons the node.
     async fn persist(&mut self, p: Persisted) -> bool {
-        match self.file.write(&p).await {
+        match self.store.save(&p).await {
             Ok(()) => {
+                if std::mem::take(&mut self.store_down) {
+                    tracing::info!("coordinator: the metadata store answers again");
+                }
                 self.state.persisted_hwm(p);
                 true
             }
-            Err(e) => {
+            Err(SaveError::Unavailable(e)) => {
+                if !std::mem::replace(&mut self.store_down, true) {
+                    tracing::warn!(
+                        "coordinator: {e}; checkpoints do not complete until it answers"
+                    );
+                }
+                false
+            }
+            Err(SaveError::Fenced(e) | SaveError::Fatal(e)) => {
                 self.status.fail(format!(
                     "coordinator: {e}; the node stops rather than lose state"
                 ));

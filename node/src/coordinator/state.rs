@@ -464,6 +464,13 @@ impl CoordinatorState {
         self
     }
 
+    /// Checkpoint ids of this run start above `base` (a cluster leadership's epoch, see
+    /// [`crate::cluster::epoch_base`]): no two leaders ever make checkpoints with one id.
+    pub fn with_checkpoint_ids_after(mut self, base: u64) -> Self {
+        self.last_begun = self.last_begun.max(base);
+        self
+    }
+
     /// A shard combined `file` of `table`: later scan plans list it.
     pub fn file_added(&mut self, table: TableId, file: PlanFile) {
         self.files.add(table, file);

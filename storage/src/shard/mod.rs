@@ -150,6 +150,13 @@ impl Shard {
         self.id
     }
 
+    /// Files made from now on take sequences from `seq` up (or from where they were, if
+    /// later): a cluster's new leader starts its files at its epoch's base, so none shares an
+    /// id (and an object name) with a file of a former leader that may still be writing.
+    pub fn skip_file_seq_to(&mut self, seq: u64) {
+        self.next_file_seq = self.next_file_seq.max(seq);
+    }
+
     /// Makes this shard the owner of the keys that [`crate::route::shard_for_key`] sends to its
     /// id among `of` shards: from now on [`Self::apply`] refuses a transaction with any other
     /// key ([`StorageError::WrongShard`]), leaving the shard as it was. Not part of a checkpoint

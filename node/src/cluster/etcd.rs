@@ -1,0 +1,644 @@
+//! A node's membership in an etcd cluster, through etcd's v3 API as its JSON gateway serves
+//! it (`POST /v3/kv/txn`, `/v3/lease/keepalive`, ...; see [`super::gateway`]).
+//!
+//! Keys, under the cluster's prefix `P`:
+//! - `P/nodes/<id>`: each live node's entry ([`NodeEntry`]), under its lease: it goes when the
+//!   node stops or its lease expires.
+//! - `P/leader`: the id of the node that replays, under its lease.
+//! - `P/epoch`: how many leaderships there have been; taking the lead raises it in the same
+//!   transaction.
+//! - `P/state`: the coordinator's durable state (the newest complete checkpoint and the HWM
+//!   queries may have seen), written only by the leader: every write compares `P/leader` with
+//!   the writer's id and lease, so a deposed leader's writes fail.
+//!
+//! Requests block; the lease is kept alive, and the entry refreshed, on threads of the member's
+//! own, and the coordinator's writes go through a worker thread, so that its executor never
+//! blocks on the network.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use super::gateway::{Gateway, Kv, cmp_create, cmp_lease, cmp_mod, cmp_value, put, range};
+use super::{ClusterSpec, LeaseClock, LeaseLost};
+use crate::coordinator::{Persisted, StateFile};
+use crate::status::NodeStatus;
+
+/// How often a node's entry is refreshed with its status.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// How often a standby tries to take the lead.
+const CAMPAIGN_EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cluster {cluster}: {what}: {reason}")]
+    Etcd {
+        cluster: String,
+        what: String,
+        reason: String,
+    },
+    #[error("cluster {cluster}: key {key}: {reason}")]
+    Corrupt {
+        cluster: String,
+        key: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    LeaseLost(#[from] LeaseLost),
+}
+
+/// What a node says about itself in `P/nodes/<id>`: `key=value` lines.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// Where its coordinator's Cap'n Proto service is reached.
+    pub advertise: String,
+    /// `leader` or `standby`.
+    pub role: String,
+    /// Its leadership's epoch (0 for a standby).
+    pub epoch: u64,
+    pub hwm: u64,
+    pub checkpoint_id: u64,
+    pub checkpoint_ts: u64,
+    pub txns_applied: u64,
+    /// When the node joined, in milliseconds since the Unix epoch.
+    pub joined_ms: u64,
+}
+
+impl NodeEntry {
+    fn encode(&self) -> String {
+        format!(
+            "advertise={}\nrole={}\nepoch={}\nhwm={}\ncheckpoint_id={}\ncheckpoint_ts={}\n\
+             txns_applied={}\njoined_ms={}\n",
+            self.advertise,
+            self.role,
+            self.epoch,
+            self.hwm,
+            self.checkpoint_id,
+            self.checkpoint_ts,
+            self.txns_applied,
+            self.joined_ms
+        )
+    }
+
+    fn decode(text: &str) -> Result<Self, String> {
+        let mut e = NodeEntry::default();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| format!("line `{line}` is not key=value"))?;
+            let num = || {
+                v.parse::<u64>()
+                    .map_err(|_| format!("`{k}` is not a number"))
+            };
+            match k {
+                "advertise" => e.advertise = v.to_owned(),
+                "role" => e.role = v.to_owned(),
+                "epoch" => e.epoch = num()?,
+                "hwm" => e.hwm = num()?,
+                "checkpoint_id" => e.checkpoint_id = num()?,
+                "checkpoint_ts" => e.checkpoint_ts = num()?,
+                "txns_applied" => e.txns_applied = num()?,
+                "joined_ms" => e.joined_ms = num()?,
+                // Written by a newer version: ignored.
+                _ => {}
+            }
+        }
+        Ok(e)
+    }
+}
+
+/// A cluster as `retina cluster status` shows it.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub leader: Option<String>,
+    pub epoch: u64,
+    pub state: Option<Persisted>,
+    /// Every live node: its id, entry and the seconds left on its lease.
+    pub nodes: Vec<(String, NodeEntry, i64)>,
+}
+
+/// This node's membership: its lease, kept alive on a thread of its own, and its entry.
+pub struct Member {
+    spec: ClusterSpec,
+    node_id: String,
+    etcd: Arc<Gateway>,
+    lease: i64,
+    clock: Arc<LeaseClock>,
+    entry: Arc<Mutex<NodeEntry>>,
+    /// The node's status once it leads: its entry reports HWM and checkpoints.
+    status: Arc<Mutex<Option<Arc<NodeStatus>>>>,
+    epoch: AtomicU64,
+    /// Woken when the lease is lost.
+    lost: flume::Receiver<()>,
+    /// The coordinator's writes, run on the writer thread.
+    writes: flume::Sender<Box<dyn FnOnce() + Send>>,
+    /// Stops the member's threads.
+    stop: Arc<AtomicBool>,
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Starts a thread of the member's (named `retina-cluster-<what>`).
+fn spawn(what: &str, run: impl FnOnce() + Send + 'static) -> Result<(), ClusterError> {
+    std::thread::Builder::new()
+        .name(format!("retina-cluster-{what}"))
+        .spawn(run)
+        .map(drop)
+        .map_err(|e| ClusterError::Etcd {
+            cluster: String::new(),
+            what: format!("starting the {what} thread"),
+            reason: e.to_string(),
+        })
+}
+
+impl Member {
+    fn key(&self, name: &str) -> String {
+        key(&self.spec, name)
+    }
+
+    fn etcd_err(&self, what: &str, reason: String) -> ClusterError {
+        ClusterError::Etcd {
+            cluster: self.spec.to_string(),
+            what: what.to_owned(),
+            reason,
+        }
+    }
+
+    /// Joins the cluster as `node_id`, reached at `advertise`: takes a lease of `ttl` (whole
+    /// seconds, at least 2), keeps it alive, and puts the node's entry under it. A node with
+    /// the same id that is still registered (say, this node before a crash) is waited for
+    /// until its lease expires.
+    pub fn join(
+        spec: &ClusterSpec,
+        node_id: &str,
+        advertise: &str,
+        ttl: Duration,
+    ) -> Result<Arc<Member>, ClusterError> {
+        let etcd = Arc::new(Gateway::new(&spec.endpoints));
+        let ttl_s = i64::try_from(ttl.as_secs().max(2)).unwrap_or(i64::MAX);
+        let sent = Instant::now();
+        let lease = etcd.grant(ttl_s).map_err(|reason| ClusterError::Etcd {
+            cluster: spec.to_string(),
+            what: "granting a lease".into(),
+            reason,
+        })?;
+        let clock = Arc::new(LeaseClock::default());
+        clock.renewed(sent, Duration::from_secs(ttl_s.unsigned_abs()));
+        let (lost_tx, lost) = flume::bounded(1);
+        let (writes, jobs) = flume::unbounded::<Box<dyn FnOnce() + Send>>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let member = Member {
+            spec: spec.clone(),
+            node_id: node_id.to_owned(),
+            etcd: etcd.clone(),
+            lease,
+            clock: clock.clone(),
+            entry: Arc::new(Mutex::new(NodeEntry {
+                advertise: advertise.to_owned(),
+                role: "standby".into(),
+                joined_ms: now_unix_ms(),
+                ..NodeEntry::default()
+            })),
+            status: Arc::new(Mutex::new(None)),
+            epoch: AtomicU64::new(0),
+            lost,
+            writes,
+            stop: stop.clone(),
+        };
+        {
+            let (etcd, stop) = (etcd.clone(), stop.clone());
+            let ttl = Duration::from_secs(ttl_s.unsigned_abs());
+            spawn("lease", move || {
+                keep_alive(&etcd, lease, ttl, &clock, &lost_tx, &stop)
+            })?;
+        }
+        // Ends when the member (the only sender) is dropped.
+        spawn("writer", move || {
+            while let Ok(job) = jobs.recv() {
+                job();
+            }
+        })?;
+        member.register()?;
+        {
+            let (etcd, stop) = (etcd, stop);
+            let key = member.key(&format!("nodes/{node_id}"));
+            let (entry, status) = (member.entry.clone(), member.status.clone());
+            spawn("publish", move || {
+                publish(&etcd, &key, lease, &entry, &status, &stop)
+            })?;
+        }
+        tracing::info!("joined the cluster {spec} as node {node_id} (lease {lease:x}, {ttl_s} s)");
+        Ok(Arc::new(member))
+    }
+
+    /// Puts this node's entry, once no live node holds its id.
+    fn register(&self) -> Result<(), ClusterError> {
+        let key = self.key(&format!("nodes/{}", self.node_id));
+        let mut said = false;
+        loop {
+            let text = self.entry.lock().expect("entry lock").encode();
+            let (done, _) = self
+                .etcd
+                .txn(
+                    vec![cmp_create(&key, 0)],
+                    vec![put(&key, &text, Some(self.lease))],
+                    vec![],
+                )
+                .map_err(|e| self.etcd_err("registering the node", e))?;
+            if done {
+                return Ok(());
+            }
+            if !said {
+                tracing::warn!(
+                    "node id {} is still registered in {} (a node that stopped without leaving \
+                     has it until its lease expires): waiting",
+                    self.node_id,
+                    self.spec
+                );
+                said = true;
+            }
+            std::thread::sleep(CAMPAIGN_EVERY);
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.spec
+    }
+
+    pub fn clock(&self) -> &Arc<LeaseClock> {
+        &self.clock
+    }
+
+    /// The epoch of this node's leadership (0 until it leads).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// A receiver that is woken when the lease is lost.
+    pub fn lost(&self) -> flume::Receiver<()> {
+        self.lost.clone()
+    }
+
+    /// One attempt to take the lead: the new epoch, or who leads now.
+    fn campaign(&self) -> Result<Result<u64, Option<String>>, String> {
+        let leader_key = self.key("leader");
+        let epoch_key = self.key("epoch");
+        let node_key = self.key(&format!("nodes/{}", self.node_id));
+        let got = self
+            .etcd
+            .call("/v3/kv/range", &json!({ "key": b64(&epoch_key) }))?;
+        let rev = super::gateway::mod_revision(&got);
+        let epoch = match super::gateway::kvs(&got)?.first() {
+            Some(kv) => kv
+                .value
+                .parse::<u64>()
+                .map_err(|_| format!("{epoch_key} is `{}`, not a number", kv.value))?,
+            None => 0,
+        };
+        let next = epoch + 1;
+        // The node's entry says it leads in the same transaction; held meanwhile, so that the
+        // entry's refresh cannot put back the standby's.
+        let mut held = self.entry.lock().expect("entry lock");
+        let entry = {
+            let mut e = held.clone();
+            e.role = "leader".into();
+            e.epoch = next;
+            e
+        };
+        let (done, answers) = self.etcd.txn(
+            vec![cmp_create(&leader_key, 0), cmp_mod(&epoch_key, rev)],
+            vec![
+                put(&leader_key, &self.node_id, Some(self.lease)),
+                put(&epoch_key, &next.to_string(), None),
+                put(&node_key, &entry.encode(), Some(self.lease)),
+            ],
+            vec![range(&leader_key)],
+        )?;
+        if done {
+            *held = entry;
+            return Ok(Ok(next));
+        }
+        drop(held);
+        let leader = answers
+            .first()
+            .map(super::gateway::range_response)
+            .transpose()?
+            .and_then(|kvs: Vec<Kv>| kvs.into_iter().next())
+            .map(|kv| kv.value);
+        Ok(Err(leader))
+    }
+
+    /// Blocks until this node leads; returns its epoch. Who leads meanwhile is logged (once
+    /// per leader). Errors only once the lease is lost; an etcd that does not answer is
+    /// asked again.
+    pub fn lead(&self) -> Result<u64, ClusterError> {
+        let mut last_seen: Option<String> = None;
+        let mut last_error: Option<String> = None;
+        loop {
+            if self.clock.is_lost() {
+                return Err(LeaseLost.into());
+            }
+            match self.campaign() {
+                Ok(Ok(epoch)) => {
+                    self.epoch.store(epoch, Ordering::Release);
+                    tracing::info!(
+                        "node {} leads the cluster {} (epoch {epoch})",
+                        self.node_id,
+                        self.spec
+                    );
+                    return Ok(epoch);
+                }
+                Ok(Err(leader)) => {
+                    if leader.is_some() && leader != last_seen {
+                        tracing::info!(
+                            "standby: node {} leads the cluster {}",
+                            leader.as_deref().unwrap_or_default(),
+                            self.spec
+                        );
+                        last_seen = leader;
+                    }
+                    last_error = None;
+                }
+                Err(e) => {
+                    if last_error.as_ref() != Some(&e) {
+                        tracing::warn!("standby: asking {} who leads: {e}", self.spec);
+                        last_error = Some(e);
+                    }
+                }
+            }
+            std::thread::sleep(CAMPAIGN_EVERY);
+        }
+    }
+
+    /// From now on the node's entry reports `status` (its HWM and checkpoints).
+    pub fn report(&self, status: Arc<NodeStatus>) {
+        *self.status.lock().expect("status lock") = Some(status);
+    }
+
+    /// The coordinator's state as the cluster last recorded it (`None`: never).
+    pub fn load_state(&self) -> Result<Option<Persisted>, ClusterError> {
+        let key = self.key("state");
+        let kvs = self
+            .etcd
+            .range(&key, false)
+            .map_err(|e| self.etcd_err("reading the coordinator's state", e))?;
+        kvs.first()
+            .map(|kv| decode_state(&self.spec, &key, &kv.value))
+            .transpose()
+    }
+
+    /// Writes the coordinator's state if this node still leads, on the member's writer thread;
+    /// the returned future may be awaited on any executor.
+    pub fn save_state(
+        &self,
+        p: &Persisted,
+    ) -> impl std::future::Future<Output = Result<(), super::SaveError>> + use<> {
+        let etcd = self.etcd.clone();
+        let leader_key = self.key("leader");
+        let state_key = self.key("state");
+        let node_id = self.node_id.clone();
+        let lease = self.lease;
+        let text = String::from_utf8(StateFile::encode(p)).expect("the state is text");
+        let (tx, rx) = flume::bounded(1);
+        let job = move || {
+            let result = match etcd.txn(
+                vec![
+                    cmp_value(&leader_key, &node_id),
+                    cmp_lease(&leader_key, lease),
+                ],
+                vec![put(&state_key, &text, None)],
+                vec![],
+            ) {
+                Ok((true, _)) => Ok(()),
+                Ok((false, _)) => Err(super::SaveError::Fenced(
+                    "this node no longer leads the cluster".into(),
+                )),
+                Err(e) => Err(super::SaveError::Unavailable(e)),
+            };
+            let _ = tx.send(result);
+        };
+        let _ = self.writes.send(Box::new(job));
+        async move {
+            rx.recv_async().await.unwrap_or_else(|_| {
+                Err(super::SaveError::Unavailable(
+                    "the cluster client stopped".into(),
+                ))
+            })
+        }
+    }
+
+    /// Leaves the cluster: revokes the lease, which removes the node's entry and, if it
+    /// leads, the leadership, so that a standby takes over at once.
+    /// Once only; nothing to revoke once the lease is lost.
+    pub fn leave(&self) {
+        if self.stop.swap(true, Ordering::AcqRel) || self.clock.is_lost() {
+            self.clock.lose();
+            return;
+        }
+        match self.etcd.revoke(self.lease) {
+            Ok(()) => tracing::info!("left the cluster {}", self.spec),
+            Err(e) => tracing::warn!(
+                "leaving the cluster {}: {e} (the lease expires by itself)",
+                self.spec
+            ),
+        }
+        self.clock.lose();
+    }
+
+    /// The cluster as its keys describe it now.
+    pub fn snapshot(spec: &ClusterSpec) -> Result<Snapshot, ClusterError> {
+        let etcd = Gateway::new(&spec.endpoints);
+        let err = |what: &str, reason: String| ClusterError::Etcd {
+            cluster: spec.to_string(),
+            what: what.to_owned(),
+            reason,
+        };
+        let corrupt = |key: &str, reason: String| ClusterError::Corrupt {
+            cluster: spec.to_string(),
+            key: key.to_owned(),
+            reason,
+        };
+        let one = |name: &str, what: &str| -> Result<Option<String>, ClusterError> {
+            let kvs = etcd
+                .range(&key(spec, name), false)
+                .map_err(|e| err(what, e))?;
+            Ok(kvs.into_iter().next().map(|kv| kv.value))
+        };
+        let leader = one("leader", "reading the leader")?;
+        let epoch_key = key(spec, "epoch");
+        let epoch = match one("epoch", "reading the epoch")? {
+            Some(t) => t
+                .parse()
+                .map_err(|_| corrupt(&epoch_key, format!("`{t}` is not a number")))?,
+            None => 0,
+        };
+        let state = one("state", "reading the coordinator's state")?
+            .map(|t| decode_state(spec, &key(spec, "state"), &t))
+            .transpose()?;
+        let nodes_prefix = key(spec, "nodes/");
+        let mut nodes = Vec::new();
+        for kv in etcd
+            .range(&nodes_prefix, true)
+            .map_err(|e| err("listing the nodes", e))?
+        {
+            let id = kv
+                .key
+                .strip_prefix(&nodes_prefix)
+                .unwrap_or(&kv.key)
+                .to_owned();
+            let entry = NodeEntry::decode(&kv.value).map_err(|r| corrupt(&kv.key, r))?;
+            let ttl = etcd.time_to_live(kv.lease).unwrap_or(-1);
+            nodes.push((id, entry, ttl));
+        }
+        Ok(Snapshot {
+            leader,
+            epoch,
+            state,
+            nodes,
+        })
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+fn key(spec: &ClusterSpec, name: &str) -> String {
+    format!("{}/{name}", spec.prefix)
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s.as_bytes())
+}
+
+fn decode_state(spec: &ClusterSpec, key: &str, text: &str) -> Result<Persisted, ClusterError> {
+    let named = std::path::PathBuf::from(format!("{spec}/{key}"));
+    StateFile::decode(text, &named).map_err(|e| ClusterError::Corrupt {
+        cluster: spec.to_string(),
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Keeps `lease` alive, every quarter of its TTL, and tells `clock` how long it stands. A
+/// renewal etcd answers with no TTL means the lease expired: `clock` loses it and `lost` is
+/// told.
+fn keep_alive(
+    etcd: &Gateway,
+    lease: i64,
+    ttl: Duration,
+    clock: &LeaseClock,
+    lost: &flume::Sender<()>,
+    stop: &AtomicBool,
+) {
+    let every = (ttl / 4).max(Duration::from_millis(100));
+    let mut last_error: Option<String> = None;
+    while !stop.load(Ordering::Acquire) {
+        let sent = Instant::now();
+        match etcd.keep_alive(lease) {
+            Ok(ttl) if ttl > 0 => {
+                clock.renewed(sent, Duration::from_secs(ttl.unsigned_abs()));
+                if last_error.take().is_some() {
+                    tracing::info!("the cluster lease is renewed again");
+                }
+            }
+            Ok(_) => {
+                if !stop.load(Ordering::Acquire) {
+                    tracing::error!("the cluster lease {lease:x} expired");
+                    clock.lose();
+                    let _ = lost.try_send(());
+                }
+                return;
+            }
+            Err(e) => {
+                if last_error.as_ref() != Some(&e) {
+                    tracing::warn!(
+                        "renewing the cluster lease: {e} (it stands for {:?} more)",
+                        clock.remaining()
+                    );
+                    last_error = Some(e);
+                }
+            }
+        }
+        let pause = if last_error.is_some() {
+            Duration::from_millis(100)
+        } else {
+            every
+        };
+        std::thread::sleep(pause.saturating_sub(sent.elapsed()));
+    }
+}
+
+/// Refreshes the node's entry every [`PUBLISH_EVERY`] with what its status says.
+fn publish(
+    etcd: &Gateway,
+    key: &str,
+    lease: i64,
+    entry: &Mutex<NodeEntry>,
+    status: &Mutex<Option<Arc<NodeStatus>>>,
+    stop: &AtomicBool,
+) {
+    let mut last = String::new();
+    loop {
+        std::thread::sleep(PUBLISH_EVERY);
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let text = {
+            let mut e = entry.lock().expect("entry lock");
+            if let Some(s) = status.lock().expect("status lock").as_ref() {
+                e.hwm = s.hwm.load(Ordering::Relaxed);
+                e.checkpoint_id = s.checkpoint_id.load(Ordering::Relaxed);
+                e.checkpoint_ts = s.checkpoint_ts.load(Ordering::Relaxed);
+                e.txns_applied = s.txns_applied.load(Ordering::Relaxed);
+            }
+            e.encode()
+        };
+        if text == last {
+            continue;
+        }
+        // Only while the entry is there: a node whose lease expired does not come back.
+        if let Ok((true, _)) = etcd.txn(
+            vec![cmp_lease(key, lease)],
+            vec![put(key, &text, Some(lease))],
+            vec![],
+        ) {
+            last = text;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_entry_reads_back() {
+        let e = NodeEntry {
+            advertise: "10.0.0.1:7400".into(),
+            role: "leader".into(),
+            epoch: 3,
+            hwm: 1234,
+            checkpoint_id: (3 << 32) + 2,
+            checkpoint_ts: 1200,
+            txns_applied: 99,
+            joined_ms: 1_700_000_000_000,
+        };
+        assert_eq!(NodeEntry::decode(&e.encode()).unwrap(), e);
+        assert!(NodeEntry::decode("role").unwrap_err().contains("key=value"));
+        assert!(NodeEntry::decode("hwm=x").unwrap_err().contains("`hwm`"));
+    }
+}
