@@ -2,6 +2,7 @@
 
 mod bench;
 mod ch;
+mod cluster;
 mod demo;
 mod measure;
 mod peers;
@@ -51,6 +52,8 @@ enum Command {
     Sql(sql::SqlArgs),
     /// Measures a node on generated workloads (see bench/README.md).
     Bench(bench::BenchArgs),
+    /// Looks at a cluster of nodes (`retina serve --cluster`).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -75,5 +78,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(*args),
         Command::Sql(args) => sql::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Cluster(args) => cluster::run(args),
     }
 }

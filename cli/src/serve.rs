@@ -19,6 +19,10 @@ enum Event {
     Signal(i32),
     /// The sink's run ended; its handle has the report.
     SinkDone,
+    /// A cluster member: this node leads now, with this epoch (or could not find out).
+    Leading(Result<u64, String>),
+    /// A cluster member: its lease expired; another node may lead.
+    LeaseLost,
 }
 
 #[derive(clap::Args)]
@@ -97,6 +101,42 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics over HTTP on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// Run as a member of a cluster whose metadata is in etcd:
+    /// `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`. One member leads (replays the source and
+    /// serves queries); the others wait as standbys and the first to see the leader's lease
+    /// expire takes over from the newest checkpoint the cluster recorded. Every member needs
+    /// the same --lake (on S3), --source and --schema, and a --node-id of its own.
+    #[arg(
+        long,
+        value_name = "etcd://HOST:PORT[,...]/PREFIX",
+        requires = "node_id"
+    )]
+    cluster: Option<retina_node::cluster::ClusterSpec>,
+    /// This node's id in the cluster (letters, digits, `.`, `_`, `-`).
+    #[arg(long, requires = "cluster")]
+    node_id: Option<String>,
+    /// Where clients reach this node's coordinator service when it leads, as the cluster
+    /// lists it (default: --listen).
+    #[arg(long, requires = "cluster", value_name = "HOST:PORT")]
+    advertise: Option<String>,
+    /// Seconds a cluster member's lease lasts without renewal (at least 2): a standby takes
+    /// over about this long after the leader stops, and a leader that cannot reach etcd pauses
+    /// replay once it runs out.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    lease_ttl: u64,
+}
+
+/// Checks a node id: what etcd keys and logs can carry unquoted.
+fn check_node_id(id: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !id.is_empty()
+            && id.len() <= 64
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+        "--node-id `{id}`: use 1 to 64 letters, digits, `.`, `_` or `-`"
+    );
+    Ok(())
 }
 
 /// The catalog: the `--schema` file's tables, or a Postgres publication's as Postgres defines
@@ -138,6 +178,78 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let checkpoint_interval = (settings.checkpoint_interval_ms > 0)
         .then(|| Duration::from_millis(settings.checkpoint_interval_ms));
     let shards = settings.shard_count();
+
+    // Signals, the sink's end and the cluster's news arrive on one queue.
+    let (events, next) = flume::bounded::<Event>(4);
+    {
+        let events = events.clone();
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+        std::thread::Builder::new()
+            .name("retina-signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    if events.send(Event::Signal(signal)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+    }
+
+    // A cluster member joins, then waits as a standby until it leads.
+    let mut leave = None;
+    let member = match &args.cluster {
+        Some(spec) => {
+            let id = args.node_id.as_deref().unwrap_or_default();
+            check_node_id(id)?;
+            anyhow::ensure!(
+                args.lake.as_ref().is_some_and(|l| l.is_remote()),
+                "--cluster: every member reads and writes one lake, so give --lake s3://BUCKET/PREFIX"
+            );
+            let advertise = args
+                .advertise
+                .clone()
+                .unwrap_or_else(|| args.listen.to_string());
+            let ttl = Duration::from_secs(args.lease_ttl);
+            let member = retina_node::cluster::Member::join(spec, id, &advertise, ttl)?;
+            {
+                let (member, events) = (member.clone(), events.clone());
+                std::thread::Builder::new()
+                    .name("retina-campaign".into())
+                    .spawn(move || {
+                        let led = member.lead().map_err(|e| e.to_string());
+                        let _ = events.send(Event::Leading(led));
+                    })?;
+            }
+            let epoch = loop {
+                match next.recv().expect("this thread holds a sender") {
+                    Event::Leading(Ok(epoch)) => break epoch,
+                    Event::Leading(Err(e)) => anyhow::bail!("waiting to lead {spec}: {e}"),
+                    Event::Signal(signal) => {
+                        tracing::info!("standby stopping on signal {signal}");
+                        member.leave();
+                        return Ok(());
+                    }
+                    Event::SinkDone | Event::LeaseLost => {}
+                }
+            };
+            tracing::info!("leading the cluster {spec} with epoch {epoch}");
+            // However this run ends, the lease goes with it and a standby takes over at once.
+            leave = Some(LeaveOnExit(member.clone()));
+            {
+                let (lost, events) = (member.lost(), events.clone());
+                std::thread::Builder::new()
+                    .name("retina-lease".into())
+                    .spawn(move || {
+                        // Woken by the loss, or closed with the member: only a loss counts.
+                        if lost.recv().is_ok() {
+                            let _ = events.send(Event::LeaseLost);
+                        }
+                    })?;
+            }
+            Some(member)
+        }
+        None => None,
+    };
     let start = || {
         Node::start(NodeOptions {
             data_dir: args.data_dir.clone(),
@@ -148,6 +260,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             auth_token: args.auth_token.clone(),
             // Queries wait until the sink replayed what the source held before a restart.
             await_source: true,
+            cluster: member.clone(),
         })
     };
     if let Some(listen) = args.flight {
@@ -237,21 +350,6 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         decode_lanes,
     };
 
-    // Signals and the sink's end arrive on one queue.
-    let (events, next) = flume::bounded::<Event>(4);
-    {
-        let events = events.clone();
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-        std::thread::Builder::new()
-            .name("retina-signals".into())
-            .spawn(move || {
-                for signal in signals.forever() {
-                    if events.send(Event::Signal(signal)).is_err() {
-                        break;
-                    }
-                }
-            })?;
-    }
     let signal = loop {
         let sink = {
             let events = events.clone();
@@ -261,6 +359,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         };
         // Serve until SIGTERM or Ctrl-C.
         match next.recv().expect("this thread holds a sender") {
+            Event::LeaseLost | Event::Leading(_) => {
+                sink.stop();
+                return lease_lost(node, &stop, flight, metrics);
+            }
             Event::Signal(signal) => {
                 sink.stop();
                 stop.store(true, Ordering::Relaxed);
@@ -298,9 +400,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 }
                 // Still serving queries until SIGTERM or Ctrl-C.
                 let signal = loop {
-                    if let Event::Signal(signal) = next.recv().expect("this thread holds a sender")
-                    {
-                        break signal;
+                    match next.recv().expect("this thread holds a sender") {
+                        Event::Signal(signal) => break signal,
+                        Event::LeaseLost => return lease_lost(node, &stop, flight, metrics),
+                        Event::SinkDone | Event::Leading(_) => {}
                     }
                 };
                 break signal;
@@ -318,5 +421,39 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         retina_node::metrics::stop(bound, thread);
     }
     tracing::info!("stopped at HWM {}", hwm.get());
+    drop(leave);
     Ok(())
+}
+
+/// Leaves the cluster when dropped: on a stop, and on an error after the node began to lead.
+struct LeaveOnExit(Arc<retina_node::cluster::Member>);
+
+impl Drop for LeaveOnExit {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// This node's cluster lease expired, so another node may lead: it stops serving at once,
+/// and the process ends with an error (a supervisor starts it again, as a standby).
+fn lease_lost(
+    node: Node,
+    stop: &AtomicBool,
+    flight: Option<retina_flight::FlightServer>,
+    metrics: Option<(SocketAddr, std::thread::JoinHandle<()>)>,
+) -> anyhow::Result<()> {
+    stop.store(true, Ordering::Relaxed);
+    let hwm = node.handle().status().hwm();
+    if let Some(flight) = flight {
+        flight.stop();
+    }
+    node.shutdown();
+    if let Some((bound, thread)) = metrics {
+        retina_node::metrics::stop(bound, thread);
+    }
+    anyhow::bail!(
+        "this node's cluster lease expired at HWM {}: another node may lead now, so this one \
+         stopped; start it again to stand by",
+        hwm.get()
+    )
 }

@@ -3,6 +3,7 @@
 
 pub mod bank;
 pub mod cdc;
+pub mod etcd;
 pub mod s3;
 
 use std::process::Command;

@@ -1,0 +1,426 @@
+//! `retina serve --cluster etcd://...` as a user runs it, against a real etcd (Debian's
+//! `etcd-server`) and a real S3 server (moto's), both on loopback; skipped with a note where
+//! either is not installed, except in CI.
+//!
+//! - A leader killed with SIGKILL is replaced by the standby, which resumes from the checkpoint
+//!   the cluster recorded: the final table equals the model, and a query after the failover
+//!   never sees less than one before it.
+//! - A leader cut off from etcd pauses replay once its lease runs out, and goes on when etcd
+//!   is back.
+//! - A leader frozen (SIGSTOP) past its lease is deposed: the standby takes over, and the old
+//!   leader, thawed, stops without writing anything the new one reads.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use retina_tests::etcd::Etcd;
+use retina_tests::s3::Moto;
+
+const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v VARCHAR(10), amount DECIMAL(8,2));";
+/// Seconds: a standby takes over about this long after the leader stops renewing.
+const LEASE_TTL: &str = "2";
+
+/// The source: transaction `i` inserts row `i`; every third one also updates row `i / 2`.
+/// Keeps the model (every row's `v`) as it writes.
+struct Source {
+    next: usize,
+    model: BTreeMap<usize, String>,
+}
+
+impl Source {
+    fn new() -> Self {
+        Source {
+            next: 0,
+            model: BTreeMap::new(),
+        }
+    }
+
+    /// The next `n` transactions as Debezium JSON lines.
+    fn txns(&mut self, n: usize) -> String {
+        let mut s = String::new();
+        let event = |op: &str, before: String, after: String, txn: usize, order: usize| {
+            format!(
+                "{{\"before\":{before},\"after\":{after},\"op\":\"{op}\",\
+                 \"source\":{{\"schema\":\"public\",\"table\":\"t\"}},\
+                 \"transaction\":{{\"id\":\"{txn}\",\"total_order\":{order},\"data_collection_order\":{order}}}}}\n"
+            )
+        };
+        let row =
+            |id: usize, v: &str| format!("{{\"id\":{id},\"v\":\"{v}\",\"amount\":\"{id}.25\"}}");
+        for i in self.next..self.next + n {
+            s += &format!(
+                "{{\"status\":\"BEGIN\",\"id\":\"{i}\",\"event_count\":null,\"data_collections\":null}}\n"
+            );
+            let v = format!("r{i}");
+            s += &event("c", "null".into(), row(i, &v), i, 1);
+            self.model.insert(i, v);
+            let mut events = 1;
+            if i > 0 && i % 3 == 0 {
+                let id = i / 2;
+                let (old, new) = (self.model[&id].clone(), format!("u{i}"));
+                s += &event("u", row(id, &old), row(id, &new), i, 2);
+                self.model.insert(id, new);
+                events = 2;
+            }
+            s += &format!(
+                "{{\"status\":\"END\",\"id\":\"{i}\",\"event_count\":{events},\
+                 \"data_collections\":[{{\"data_collection\":\"public.t\",\"event_count\":{events}}}]}}\n"
+            );
+        }
+        self.next += n;
+        s
+    }
+
+    /// HWM once every transaction so far is visible: one timestamp per transaction.
+    fn hwm(&self) -> f64 {
+        (self.next + 2) as f64
+    }
+
+    /// The table as `SELECT id, v ... ORDER BY id` prints it in CSV.
+    fn table(&self) -> String {
+        let mut out = "id,v\n".to_owned();
+        for (id, v) in &self.model {
+            out += &format!("{id},{v}\n");
+        }
+        out
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+fn metric(port: u16, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A member of the cluster, with its ports.
+struct Member {
+    child: Option<Child>,
+    listen: u16,
+    metrics: u16,
+    log: std::path::PathBuf,
+}
+
+impl Member {
+    fn start(etcd: &Etcd, moto: &Moto, dir: &Path, id: &str) -> Member {
+        let ports = retina_tests::free_ports();
+        let (listen, metrics) = (ports, ports + 3);
+        let log = dir.join(format!("{id}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_retina"))
+            .args(["serve", "--shards", "2", "--lake", "s3://cluster-lake/t"])
+            .args(["--set", "checkpoint_interval_ms=50", "--follow"])
+            .args(["--source", "file:in.json", "--schema", "s.sql"])
+            .args(["--cluster", &etcd.url("retina-test"), "--node-id", id])
+            .args(["--lease-ttl", LEASE_TTL])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{listen}"))
+            .arg("--metrics")
+            .arg(format!("127.0.0.1:{metrics}"))
+            .arg("--data-dir")
+            .arg(dir.join(id))
+            .current_dir(dir)
+            .envs(moto.env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Member {
+            child: Some(child),
+            listen,
+            metrics,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the member runs")
+    }
+
+    /// Waits until its metrics satisfy `done` (it serves metrics once it leads).
+    fn wait(&mut self, what: &str, name: &str, done: impl Fn(f64) -> bool) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child().try_wait().unwrap() {
+                panic!(
+                    "retina serve exited ({status}) waiting for {what}: {}",
+                    self.log()
+                );
+            }
+            if metric(self.metrics, name).is_some_and(&done) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "timed out waiting for {what}: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&mut self, signal: &str) {
+        let pid = self.child().id().to_string();
+        let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(sent.success(), "kill {signal} {pid}");
+    }
+
+    fn sql(&self, moto: &Moto, query: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+            .args(["sql", "--format", "csv", "--connect"])
+            .arg(format!("127.0.0.1:{}", self.listen))
+            .arg(query)
+            .envs(moto.env())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn count(&self, moto: &Moto) -> u64 {
+        let out = self.sql(moto, "SELECT count(*) AS n FROM public.t");
+        out.lines().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn cluster_status(etcd: &Etcd) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args(["cluster", "status", "--cluster", &etcd.url("retina-test")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// etcd, an S3 bucket, and a folder with the schema and an empty source; `None` where a
+/// server is not installed (outside CI).
+fn setup() -> Option<(Etcd, Moto, tempfile::TempDir)> {
+    let etcd = Etcd::start()?;
+    let moto = Moto::start()?;
+    moto.create_bucket("cluster-lake");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.sql"), DDL).unwrap();
+    std::fs::write(dir.path().join("in.json"), "").unwrap();
+    Some((etcd, moto, dir))
+}
+
+#[test]
+fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
+    let Some((etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let mut source = Source::new();
+    append(&input, &source.txns(2000));
+    let mut a = Member::start(&etcd, &moto, dir.path(), "a");
+    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    let mut b = Member::start(&etcd, &moto, dir.path(), "b");
+    let start = Instant::now();
+    while !cluster_status(&etcd).contains("b     standby") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "b never stood by"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = cluster_status(&etcd);
+    assert!(status.contains("leader: a (epoch 1)"), "{status}");
+
+    // More while a leads; it is killed once a checkpoint covers some of it.
+    append(&input, &source.txns(2000));
+    a.wait(
+        "a checkpoint of the second part",
+        "retina_checkpoint_ts",
+        |t| t > 2100.0,
+    );
+    let seen = a.count(&moto);
+    a.kill();
+    append(&input, &source.txns(1000));
+
+    b.wait("b to lead and catch up", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    assert!(
+        b.count(&moto) >= seen,
+        "a query after the failover saw fewer rows than one before it ({seen})"
+    );
+    assert_eq!(
+        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
+    let log = b.log();
+    assert!(
+        log.contains("recovering from checkpoint") && log.contains("recorded by the cluster"),
+        "b started from the cluster's checkpoint: {log}"
+    );
+    let status = cluster_status(&etcd);
+    assert!(status.contains("leader: b (epoch 2)"), "{status}");
+    assert!(
+        status.contains("nodes: 1") && !status.contains("\n  a "),
+        "a's entry went with its lease: {status}"
+    );
+    // b's checkpoints are numbered in its epoch: ids from 2 << 32.
+    let recorded: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("checkpoint: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        recorded >= 2 << 32,
+        "checkpoint {recorded} is not b's: {status}"
+    );
+
+    // A clean stop hands over at once: a starts again and leads.
+    b.signal("-TERM");
+    let out = b.child.take().unwrap().wait().unwrap();
+    assert!(out.success(), "b stopped cleanly: {}", b.log());
+    let mut a = Member::start(&etcd, &moto, dir.path(), "a");
+    a.wait("a to lead again", "retina_hwm", |h| h == source.hwm());
+    assert!(cluster_status(&etcd).contains("leader: a (epoch 3)"));
+    assert_eq!(
+        a.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
+}
+
+#[test]
+fn a_leader_cut_off_from_etcd_pauses_replay_and_goes_on_when_it_is_back() {
+    let Some((mut etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let mut source = Source::new();
+    append(&input, &source.txns(1000));
+    let mut a = Member::start(&etcd, &moto, dir.path(), "a");
+    a.wait("a to replay", "retina_hwm", |h| h == source.hwm());
+
+    etcd.stop();
+    // Past the lease as a renewed before the outage: a no longer knows it leads.
+    std::thread::sleep(Duration::from_secs(3));
+    let paused = source.hwm();
+    append(&input, &source.txns(1000));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        metric(a.metrics, "retina_hwm"),
+        Some(paused),
+        "replay went on without the lease: {}",
+        a.log()
+    );
+    // Queries still answer, at the last consistent snapshot.
+    assert_eq!(a.count(&moto), 1000);
+
+    etcd.resume();
+    a.wait("replay to go on", "retina_hwm", |h| h == source.hwm());
+    assert_eq!(
+        a.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
+    let log = a.log();
+    assert!(
+        log.contains("replay pauses") && log.contains("replay goes on"),
+        "{log}"
+    );
+    assert!(cluster_status(&etcd).contains("leader: a (epoch 1)"));
+}
+
+#[test]
+fn a_frozen_leader_is_deposed_and_stops_without_touching_what_the_new_one_wrote() {
+    let Some((etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let mut source = Source::new();
+    append(&input, &source.txns(1000));
+    let mut a = Member::start(&etcd, &moto, dir.path(), "a");
+    a.wait("a to replay", "retina_hwm", |h| h == source.hwm());
+    let mut b = Member::start(&etcd, &moto, dir.path(), "b");
+    let start = Instant::now();
+    while !cluster_status(&etcd).contains("b     standby") {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "b never stood by"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // a freezes; its lease expires and b takes over, replaying what came meanwhile.
+    a.signal("-STOP");
+    append(&input, &source.txns(1000));
+    b.wait("b to lead and catch up", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
+
+    // a thaws: it finds its lease gone and stops, with an error, before replaying anything.
+    a.signal("-CONT");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = a.child().try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the deposed leader went on: {}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    assert!(
+        a.log().contains("cluster lease expired"),
+        "the deposed leader says why it stopped: {}",
+        a.log()
+    );
+
+    append(&input, &source.txns(500));
+    b.wait("b to go on", "retina_hwm", |h| h == source.hwm());
+    assert_eq!(
+        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
+    assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
+}
