@@ -6,8 +6,10 @@
 
 pub mod ch;
 pub mod chgen;
+pub mod etcd;
 pub mod hybench;
 pub mod kafka;
+pub mod moto;
 pub mod ports;
 pub mod postgres;
 pub mod report;

@@ -13,8 +13,12 @@ pub struct SqlArgs {
     /// The node's coordinator service. A node whose lake is on S3 is read with this
     /// process's AWS_* environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
     /// AWS_ENDPOINT, AWS_ALLOW_HTTP).
-    #[arg(long, default_value = "127.0.0.1:7400")]
+    #[arg(long, default_value = "127.0.0.1:7400", conflicts_with = "cluster")]
     connect: SocketAddr,
+    /// Reads from whichever member leads this cluster (`etcd://HOST:PORT[,...]/PREFIX`, as the
+    /// nodes were given), at the address it advertises, instead of --connect.
+    #[arg(long, value_name = "etcd://HOST:PORT[,...]/PREFIX")]
+    cluster: Option<retina_node::cluster::ClusterSpec>,
     /// The node's auth token, if it has one.
     #[arg(
         long,
@@ -31,7 +35,30 @@ pub struct SqlArgs {
     timing: bool,
 }
 
-pub fn run(args: SqlArgs) -> anyhow::Result<()> {
+/// The address the leader of `cluster` advertises.
+fn leader_address(cluster: &retina_node::cluster::ClusterSpec) -> anyhow::Result<SocketAddr> {
+    let s = retina_node::cluster::Member::snapshot(cluster)?;
+    let leader = s
+        .leader
+        .with_context(|| format!("no member leads the cluster {cluster} now"))?;
+    let (_, entry, _) = (s.nodes.iter())
+        .find(|(id, _, _)| *id == leader)
+        .with_context(|| format!("node {leader} leads {cluster}, but has no entry there"))?;
+    std::net::ToSocketAddrs::to_socket_addrs(&entry.advertise)
+        .ok()
+        .and_then(|mut a| a.next())
+        .with_context(|| {
+            format!(
+                "node {leader} of {cluster} advertises `{}`, not HOST:PORT",
+                entry.advertise
+            )
+        })
+}
+
+pub fn run(mut args: SqlArgs) -> anyhow::Result<()> {
+    if let Some(cluster) = &args.cluster {
+        args.connect = leader_address(cluster)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -214,12 +214,74 @@ impl Member {
         let out = self.sql(moto, "SELECT count(*) AS n FROM public.t");
         out.lines().nth(1).unwrap().parse().unwrap()
     }
+
+    /// The row count, if the member answers queries now.
+    fn try_count(&self, moto: &Moto) -> Option<u64> {
+        let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+            .args(["sql", "--format", "csv", "--connect"])
+            .arg(format!("127.0.0.1:{}", self.listen))
+            .arg("SELECT count(*) AS n FROM public.t")
+            .envs(moto.env())
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).ok()?;
+        out.status
+            .success()
+            .then(|| text.lines().nth(1)?.parse().ok())?
+    }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Each member's role as `retina cluster status` lists it.
+fn roles(status: &str) -> Vec<(String, String)> {
+    status
+        .lines()
+        .skip_while(|l| !l.starts_with("nodes:"))
+        .skip(2)
+        .filter_map(|l| {
+            let mut cells = l.split_whitespace();
+            Some((cells.next()?.to_owned(), cells.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Waits until `id` stands by.
+fn wait_standby(etcd: &Etcd, id: &str) {
+    let start = Instant::now();
+    while !roles(&cluster_status(etcd)).contains(&(id.to_owned(), "standby".to_owned())) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{id} never stood by"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `retina sql --cluster`: through whichever member leads.
+fn sql_at_leader(etcd: &Etcd, moto: &Moto, query: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args([
+            "sql",
+            "--format",
+            "csv",
+            "--cluster",
+            &etcd.url("retina-test"),
+        ])
+        .arg(query)
+        .envs(moto.env())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn cluster_status(etcd: &Etcd) -> String {
@@ -258,16 +320,16 @@ fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
     let mut a = Member::start(&etcd, &moto, dir.path(), "a");
     a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
     let mut b = Member::start(&etcd, &moto, dir.path(), "b");
-    let start = Instant::now();
-    while !cluster_status(&etcd).contains("b     standby") {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "b never stood by"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_standby(&etcd, "b");
     let status = cluster_status(&etcd);
     assert!(status.contains("leader: a (epoch 1)"), "{status}");
+    assert_eq!(
+        roles(&status),
+        [
+            ("a".into(), "leader".into()),
+            ("b".into(), "standby".into())
+        ]
+    );
 
     // More while a leads; it is killed once a checkpoint covers some of it.
     append(&input, &source.txns(2000));
@@ -280,15 +342,30 @@ fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
     a.kill();
     append(&input, &source.txns(1000));
 
-    b.wait("b to lead and catch up", "retina_hwm", |h| {
-        h == source.hwm()
-    });
+    // b's first answer, as soon as it gives one, has everything a query saw before.
+    let start = Instant::now();
+    let first = loop {
+        if let Some(n) = b.try_count(&moto) {
+            break n;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "b never answered: {}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(
-        b.count(&moto) >= seen,
-        "a query after the failover saw fewer rows than one before it ({seen})"
+        first >= seen,
+        "a query after the failover saw {first} rows, fewer than one before it ({seen})"
     );
+    b.wait("b to catch up", "retina_hwm", |h| h == source.hwm());
+    // b's checkpoints are numbered in its epoch: ids from 2 << 32.
+    b.wait("b's first checkpoint", "retina_checkpoint_id", |id| {
+        id >= (2u64 << 32) as f64
+    });
     assert_eq!(
-        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        sql_at_leader(&etcd, &moto, "SELECT id, v FROM public.t ORDER BY id"),
         source.table()
     );
     let log = b.log();
@@ -302,7 +379,6 @@ fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
         status.contains("nodes: 1") && !status.contains("\n  a "),
         "a's entry went with its lease: {status}"
     );
-    // b's checkpoints are numbered in its epoch: ids from 2 << 32.
     let recorded: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("checkpoint: "))
@@ -378,14 +454,7 @@ fn a_frozen_leader_is_deposed_and_stops_without_touching_what_the_new_one_wrote(
     let mut a = Member::start(&etcd, &moto, dir.path(), "a");
     a.wait("a to replay", "retina_hwm", |h| h == source.hwm());
     let mut b = Member::start(&etcd, &moto, dir.path(), "b");
-    let start = Instant::now();
-    while !cluster_status(&etcd).contains("b     standby") {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "b never stood by"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_standby(&etcd, "b");
 
     // a freezes; its lease expires and b takes over, replaying what came meanwhile.
     a.signal("-STOP");

@@ -140,7 +140,7 @@ impl Node {
                         ),
                     });
                 }
-                member.load_state()?
+                member.load_state_to_lead()?
             }
             None => None,
         };
@@ -168,6 +168,7 @@ impl Node {
             &persisted,
             &lake,
             rt_ref,
+            epoch,
         )?;
         let resume_state: Arc<[u8]> = match persisted.checkpoint {
             Some(c) => {
@@ -314,10 +315,7 @@ impl Node {
         {
             let file = StateFile::new(&options.data_dir);
             let store: Box<dyn MetaStore> = match &options.cluster {
-                Some(member) => Box::new(ClusterState {
-                    file,
-                    member: member.clone(),
-                }),
+                Some(member) => Box::new(ClusterState::new(file, member.clone())),
                 None => Box::new(file),
             };
             let actor = CoordinatorActor::new(

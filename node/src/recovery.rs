@@ -239,7 +239,9 @@ fn fetch(
 /// What a restart finds in the data directory: each shard restored from the newest complete
 /// checkpoint (none without one), every lake object that checkpoint does not read removed
 /// (files written after it, or by a run that never checkpointed), and every other checkpoint
-/// removed (incomplete ones).
+/// removed (incomplete ones). In a cluster, objects and checkpoints of a later leadership
+/// than `epoch` stay: a node deposed while it started must not delete what its successor
+/// wrote (see [`crate::cluster`]).
 pub fn recover(
     data_dir: &Path,
     catalog: &Catalog,
@@ -247,6 +249,7 @@ pub fn recover(
     persisted: &Persisted,
     lake: &Lake,
     rt: &tokio::runtime::Runtime,
+    epoch: u64,
 ) -> Result<Vec<Shard>, NodeError> {
     let shards = settings.shard_count();
     let mut restored = Vec::new();
@@ -301,7 +304,9 @@ pub fn recover(
             let store = lake.store.clone();
             let current = persisted.checkpoint.map(|c| c.id);
             removed = rt
-                .block_on(async move { clean_remote_lake(store.as_ref(), &keep, current).await })
+                .block_on(
+                    async move { clean_remote_lake(store.as_ref(), &keep, current, epoch).await },
+                )
                 .map_err(|reason| NodeError::Lake {
                     lake: lake.url.clone(),
                     reason,
@@ -337,6 +342,7 @@ async fn clean_remote_lake(
     store: &dyn ObjectStore,
     keep: &HashSet<ObjectPath>,
     current: Option<u64>,
+    epoch: u64,
 ) -> Result<usize, String> {
     let objects: Vec<_> = store
         .list(Some(&ObjectPath::from("tables")))
@@ -345,7 +351,12 @@ async fn clean_remote_lake(
         .map_err(|e| format!("listing tables/: {e}"))?;
     let mut removed = 0;
     for o in objects {
-        if !keep.contains(&o.location) {
+        let later = o
+            .location
+            .filename()
+            .and_then(object_file_id)
+            .is_some_and(|id| crate::cluster::file_epoch(id) > epoch);
+        if !keep.contains(&o.location) && !later {
             match store.delete(&o.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
                 Err(e) => return Err(format!("deleting {}: {e}", o.location)),
@@ -353,11 +364,20 @@ async fn clean_remote_lake(
         }
     }
     for id in lake_checkpoint_ids(store).await? {
-        if Some(id) != current {
+        if Some(id) != current && crate::cluster::checkpoint_epoch(id) <= epoch {
             delete_checkpoint(store, id).await?;
         }
     }
     Ok(removed)
+}
+
+/// The file id a table object is named after (`<id>.parquet`, or `<id>-<block>.parquet` for
+/// a write-buffer block; see [`retina_storage::buffer::file_path`]).
+fn object_file_id(name: &str) -> Option<retina_storage::FileId> {
+    let hex = name.get(..16)?;
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .map(retina_storage::FileId)
 }
 
 fn remove_unreferenced(

@@ -3,7 +3,7 @@
 
 pub mod bank;
 pub mod cdc;
-pub mod etcd;
+pub use retina_bench::etcd;
 pub mod s3;
 
 use std::process::Command;

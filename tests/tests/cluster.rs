@@ -63,9 +63,24 @@ fn only_the_leader_writes_the_state_and_each_leadership_has_a_new_epoch() {
     assert_eq!(s.nodes[0].1.role, "leader");
     assert_eq!(s.nodes[0].1.advertise, "127.0.0.1:2");
 
-    // A node id still registered is waited for: `two` is gone once its lease is revoked.
-    two.leave();
-    let again = Member::join(&spec, "two", "127.0.0.1:3", ttl).unwrap();
+    // Only the leader reads the state to lead from it.
+    let three = Member::join(&spec, "three", "127.0.0.1:3", ttl).unwrap();
+    assert!(three.load_state_to_lead().is_err());
+    assert_eq!(two.load_state_to_lead().unwrap(), Some(state(13, 2 << 32)));
+
+    // A node id a live member holds is refused, naming where that member is.
+    let e = Member::join(&spec, "three", "127.0.0.1:4", ttl)
+        .err()
+        .expect("`three` is live")
+        .to_string();
+    assert!(e.contains("a live node (at `127.0.0.1:3`)"), "{e}");
+
+    // One that stopped without leaving (a crash) is waited for until its lease expires, then
+    // taken over; the leadership went with the lease.
+    drop(two);
+    let again = Member::join(&spec, "two", "127.0.0.1:5", ttl).unwrap();
+    let s = Member::snapshot(&spec).unwrap();
+    assert_eq!(s.leader, None, "the crashed leader's lease expired");
     assert_eq!(again.lead().unwrap(), 3);
 }
 

@@ -6,6 +6,7 @@
 mod bitmaps;
 mod common;
 mod consistency;
+mod failover;
 mod flight;
 mod freshness;
 mod gc;
@@ -213,6 +214,24 @@ enum BenchCommand {
     /// `max(fresh_ts)` monitor, and CH Q1/Q6/Q3 latency; the final states must agree. DuckDB and
     /// Delta Lake need the binary built with `--features peers`.
     Peers(crate::peers::PeersArgs),
+    /// Failover of a cluster (`serve --cluster`): a leader and a standby as processes on a
+    /// real etcd and S3 server (Debian's `etcd-server`, moto's) on loopback, following a file
+    /// appended at a steady rate; the leader is killed. Takeover (until the standby leads) and
+    /// outage (until a query through the new leader sees every transaction written before
+    /// the kill), medians per lease TTL.
+    Failover {
+        /// Lease TTLs in seconds (`--lease-ttl`), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "2,5")]
+        lease_ttl: Vec<u64>,
+        /// Kills per lease TTL; the medians are reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Transactions appended to the source per second.
+        #[arg(long, default_value_t = 2000)]
+        rate: u64,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -286,6 +305,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             shards,
         } => gc::run(&intervals_ms, seconds, rate, shards),
         BenchCommand::Recovery { rows, shards } => recovery::run(&rows, shards),
+        BenchCommand::Failover {
+            lease_ttl,
+            runs,
+            rate,
+            shards,
+        } => failover::run(&lease_ttl, runs, rate, shards),
         BenchCommand::Consistency {
             preload,
             rate,

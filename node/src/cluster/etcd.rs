@@ -145,13 +145,17 @@ fn now_unix_ms() -> u64 {
 }
 
 /// Starts a thread of the member's (named `retina-cluster-<what>`).
-fn spawn(what: &str, run: impl FnOnce() + Send + 'static) -> Result<(), ClusterError> {
+fn spawn(
+    spec: &ClusterSpec,
+    what: &str,
+    run: impl FnOnce() + Send + 'static,
+) -> Result<(), ClusterError> {
     std::thread::Builder::new()
         .name(format!("retina-cluster-{what}"))
         .spawn(run)
         .map(drop)
         .map_err(|e| ClusterError::Etcd {
-            cluster: String::new(),
+            cluster: spec.to_string(),
             what: format!("starting the {what} thread"),
             reason: e.to_string(),
         })
@@ -182,13 +186,14 @@ impl Member {
     ) -> Result<Arc<Member>, ClusterError> {
         let etcd = Arc::new(Gateway::new(&spec.endpoints));
         let ttl_s = i64::try_from(ttl.as_secs().max(2)).unwrap_or(i64::MAX);
+        // The clock's base comes before the request: the first renewal counts from its send.
+        let clock = Arc::new(LeaseClock::default());
         let sent = Instant::now();
         let lease = etcd.grant(ttl_s).map_err(|reason| ClusterError::Etcd {
             cluster: spec.to_string(),
             what: "granting a lease".into(),
             reason,
         })?;
-        let clock = Arc::new(LeaseClock::default());
         clock.renewed(sent, Duration::from_secs(ttl_s.unsigned_abs()));
         let (lost_tx, lost) = flume::bounded(1);
         let (writes, jobs) = flume::unbounded::<Box<dyn FnOnce() + Send>>();
@@ -214,12 +219,12 @@ impl Member {
         {
             let (etcd, stop) = (etcd.clone(), stop.clone());
             let ttl = Duration::from_secs(ttl_s.unsigned_abs());
-            spawn("lease", move || {
+            spawn(spec, "lease", move || {
                 keep_alive(&etcd, lease, ttl, &clock, &lost_tx, &stop)
             })?;
         }
         // Ends when the member (the only sender) is dropped.
-        spawn("writer", move || {
+        spawn(spec, "writer", move || {
             while let Ok(job) = jobs.recv() {
                 job();
             }
@@ -229,7 +234,7 @@ impl Member {
             let (etcd, stop) = (etcd, stop);
             let key = member.key(&format!("nodes/{node_id}"));
             let (entry, status) = (member.entry.clone(), member.status.clone());
-            spawn("publish", move || {
+            spawn(spec, "publish", move || {
                 publish(&etcd, &key, lease, &entry, &status, &stop)
             })?;
         }
@@ -237,31 +242,64 @@ impl Member {
         Ok(Arc::new(member))
     }
 
-    /// Puts this node's entry, once no live node holds its id.
+    /// Puts this node's entry, once no live node holds its id. An entry whose lease counts
+    /// down (a node that stopped without leaving: this one, before a crash) is waited for until
+    /// it expires; one whose lease is renewed belongs to a live node, and is an error.
     fn register(&self) -> Result<(), ClusterError> {
         let key = self.key(&format!("nodes/{}", self.node_id));
-        let mut said = false;
+        // The lease holding the id, and since when this node has seen it.
+        let mut holder: Option<(i64, Instant)> = None;
         loop {
             let text = self.entry.lock().expect("entry lock").encode();
-            let (done, _) = self
+            let (done, answers) = self
                 .etcd
                 .txn(
                     vec![cmp_create(&key, 0)],
                     vec![put(&key, &text, Some(self.lease))],
-                    vec![],
+                    vec![range(&key)],
                 )
                 .map_err(|e| self.etcd_err("registering the node", e))?;
             if done {
                 return Ok(());
             }
-            if !said {
-                tracing::warn!(
-                    "node id {} is still registered in {} (a node that stopped without leaving \
-                     has it until its lease expires): waiting",
-                    self.node_id,
-                    self.spec
-                );
-                said = true;
+            let held = answers
+                .first()
+                .map(super::gateway::range_response)
+                .transpose()
+                .map_err(|e| self.etcd_err("registering the node", e))?
+                .and_then(|kvs| kvs.into_iter().next());
+            let Some(held) = held else { continue };
+            // A request whose answer was lost, then sent again, finds its own put.
+            if held.lease == self.lease {
+                return Ok(());
+            }
+            // Held longer than its lease was granted for: someone renews it.
+            let (ttl, granted) = self.etcd.time_to_live(held.lease).unwrap_or((-1, 0));
+            match holder {
+                Some((lease, since)) if lease == held.lease => {
+                    let granted = Duration::from_secs(granted.max(0).unsigned_abs());
+                    if since.elapsed() > granted + Duration::from_secs(1) {
+                        let advertise = NodeEntry::decode(&held.value)
+                            .map(|e| e.advertise)
+                            .unwrap_or_default();
+                        return Err(self.etcd_err(
+                            &format!("registering node {}", self.node_id),
+                            format!(
+                                "a live node (at `{advertise}`) has this id: give each member \
+                                 its own --node-id"
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    tracing::warn!(
+                        "node id {} is still registered in {} (a node that stopped without \
+                         leaving has it until its lease expires, in {ttl} s): waiting",
+                        self.node_id,
+                        self.spec
+                    );
+                    holder = Some((held.lease, Instant::now()));
+                }
             }
             std::thread::sleep(CAMPAIGN_EVERY);
         }
@@ -290,7 +328,7 @@ impl Member {
     }
 
     /// One attempt to take the lead: the new epoch, or who leads now.
-    fn campaign(&self) -> Result<Result<u64, Option<String>>, String> {
+    fn campaign(&self) -> Result<Result<u64, Option<String>>, Campaign> {
         let leader_key = self.key("leader");
         let epoch_key = self.key("epoch");
         let node_key = self.key(&format!("nodes/{}", self.node_id));
@@ -299,13 +337,21 @@ impl Member {
             .call("/v3/kv/range", &json!({ "key": b64(&epoch_key) }))?;
         let rev = super::gateway::mod_revision(&got);
         let epoch = match super::gateway::kvs(&got)?.first() {
-            Some(kv) => kv
-                .value
-                .parse::<u64>()
-                .map_err(|_| format!("{epoch_key} is `{}`, not a number", kv.value))?,
+            Some(kv) => parse_epoch(&self.spec, &epoch_key, &kv.value)?,
             None => 0,
         };
         let next = epoch + 1;
+        if next > super::MAX_EPOCH {
+            return Err(Campaign::Fatal(ClusterError::Corrupt {
+                cluster: self.spec.to_string(),
+                key: epoch_key,
+                reason: format!(
+                    "{epoch} leaderships used up the {} a cluster can have (file ids hold \
+                     16 bits of epoch): start the cluster on a new prefix",
+                    super::MAX_EPOCH
+                ),
+            }));
+        }
         // The node's entry says it leads in the same transaction; held meanwhile, so that the
         // entry's refresh cannot put back the standby's.
         let mut held = self.entry.lock().expect("entry lock");
@@ -322,20 +368,35 @@ impl Member {
                 put(&epoch_key, &next.to_string(), None),
                 put(&node_key, &entry.encode(), Some(self.lease)),
             ],
-            vec![range(&leader_key)],
+            vec![range(&leader_key), range(&epoch_key)],
         )?;
         if done {
             *held = entry;
             return Ok(Ok(next));
         }
-        drop(held);
-        let leader = answers
-            .first()
-            .map(super::gateway::range_response)
-            .transpose()?
-            .and_then(|kvs: Vec<Kv>| kvs.into_iter().next())
-            .map(|kv| kv.value);
-        Ok(Err(leader))
+        let first = |i: usize| -> Result<Option<Kv>, String> {
+            Ok(answers
+                .get(i)
+                .map(super::gateway::range_response)
+                .transpose()?
+                .and_then(|kvs: Vec<Kv>| kvs.into_iter().next()))
+        };
+        let leader = first(0)?;
+        // A request whose answer was lost, then sent again, finds this node leading already.
+        if let Some(l) = &leader
+            && l.value == self.node_id
+            && l.lease == self.lease
+        {
+            let epoch = match first(1)? {
+                Some(kv) => parse_epoch(&self.spec, &epoch_key, &kv.value)?,
+                None => 0,
+            };
+            let mut entry = entry;
+            entry.epoch = epoch;
+            *held = entry;
+            return Ok(Ok(epoch));
+        }
+        Ok(Err(leader.map(|kv| kv.value)))
     }
 
     /// Blocks until this node leads; returns its epoch. Who leads meanwhile is logged (once
@@ -369,7 +430,8 @@ impl Member {
                     }
                     last_error = None;
                 }
-                Err(e) => {
+                Err(Campaign::Fatal(e)) => return Err(e),
+                Err(Campaign::Unavailable(e)) => {
                     if last_error.as_ref() != Some(&e) {
                         tracing::warn!("standby: asking {} who leads: {e}", self.spec);
                         last_error = Some(e);
@@ -383,6 +445,36 @@ impl Member {
     /// From now on the node's entry reports `status` (its HWM and checkpoints).
     pub fn report(&self, status: Arc<NodeStatus>) {
         *self.status.lock().expect("status lock") = Some(status);
+    }
+
+    /// The coordinator's state as the cluster last recorded it, read only if this node still
+    /// leads (`None`: never recorded): what a leader starts from.
+    pub fn load_state_to_lead(&self) -> Result<Option<Persisted>, ClusterError> {
+        let key = self.key("state");
+        let leader_key = self.key("leader");
+        let (leads, answers) = self
+            .etcd
+            .txn(
+                vec![
+                    cmp_value(&leader_key, &self.node_id),
+                    cmp_lease(&leader_key, self.lease),
+                ],
+                vec![range(&key)],
+                vec![],
+            )
+            .map_err(|e| self.etcd_err("reading the coordinator's state", e))?;
+        if !leads {
+            return Err(LeaseLost.into());
+        }
+        let kvs = answers
+            .first()
+            .map(super::gateway::range_response)
+            .transpose()
+            .map_err(|e| self.etcd_err("reading the coordinator's state", e))?
+            .unwrap_or_default();
+        kvs.first()
+            .map(|kv| decode_state(&self.spec, &key, &kv.value))
+            .transpose()
     }
 
     /// The coordinator's state as the cluster last recorded it (`None`: never).
@@ -407,6 +499,7 @@ impl Member {
         let leader_key = self.key("leader");
         let state_key = self.key("state");
         let node_id = self.node_id.clone();
+        let cluster = self.spec.to_string();
         let lease = self.lease;
         let text = String::from_utf8(StateFile::encode(p)).expect("the state is text");
         let (tx, rx) = flume::bounded(1);
@@ -420,9 +513,9 @@ impl Member {
                 vec![],
             ) {
                 Ok((true, _)) => Ok(()),
-                Ok((false, _)) => Err(super::SaveError::Fenced(
-                    "this node no longer leads the cluster".into(),
-                )),
+                Ok((false, _)) => Err(super::SaveError::Fenced(format!(
+                    "node {node_id} no longer leads the cluster {cluster}"
+                ))),
                 Err(e) => Err(super::SaveError::Unavailable(e)),
             };
             let _ = tx.send(result);
@@ -455,12 +548,13 @@ impl Member {
         self.clock.lose();
     }
 
-    /// The cluster as its keys describe it now.
+    /// The cluster as its keys describe it now (read in one transaction, so the leader, the
+    /// epoch, the state and the entries belong together).
     pub fn snapshot(spec: &ClusterSpec) -> Result<Snapshot, ClusterError> {
         let etcd = Gateway::new(&spec.endpoints);
-        let err = |what: &str, reason: String| ClusterError::Etcd {
+        let err = |reason: String| ClusterError::Etcd {
             cluster: spec.to_string(),
-            what: what.to_owned(),
+            what: "reading the cluster's keys".into(),
             reason,
         };
         let corrupt = |key: &str, reason: String| ClusterError::Corrupt {
@@ -468,36 +562,50 @@ impl Member {
             key: key.to_owned(),
             reason,
         };
-        let one = |name: &str, what: &str| -> Result<Option<String>, ClusterError> {
-            let kvs = etcd
-                .range(&key(spec, name), false)
-                .map_err(|e| err(what, e))?;
-            Ok(kvs.into_iter().next().map(|kv| kv.value))
+        let nodes_prefix = key(spec, "nodes/");
+        let (_, answers) = etcd
+            .txn(
+                vec![],
+                vec![
+                    range(&key(spec, "leader")),
+                    range(&key(spec, "epoch")),
+                    range(&key(spec, "state")),
+                    super::gateway::range_prefix(&nodes_prefix),
+                ],
+                vec![],
+            )
+            .map_err(err)?;
+        let read = |i: usize| -> Result<Vec<Kv>, ClusterError> {
+            answers
+                .get(i)
+                .map(super::gateway::range_response)
+                .transpose()
+                .map_err(err)
+                .map(Option::unwrap_or_default)
         };
-        let leader = one("leader", "reading the leader")?;
+        let one = |i: usize| -> Result<Option<String>, ClusterError> {
+            Ok(read(i)?.into_iter().next().map(|kv| kv.value))
+        };
+        let leader = one(0)?;
         let epoch_key = key(spec, "epoch");
-        let epoch = match one("epoch", "reading the epoch")? {
+        let epoch = match one(1)? {
             Some(t) => t
                 .parse()
                 .map_err(|_| corrupt(&epoch_key, format!("`{t}` is not a number")))?,
             None => 0,
         };
-        let state = one("state", "reading the coordinator's state")?
+        let state = one(2)?
             .map(|t| decode_state(spec, &key(spec, "state"), &t))
             .transpose()?;
-        let nodes_prefix = key(spec, "nodes/");
         let mut nodes = Vec::new();
-        for kv in etcd
-            .range(&nodes_prefix, true)
-            .map_err(|e| err("listing the nodes", e))?
-        {
+        for kv in read(3)? {
             let id = kv
                 .key
                 .strip_prefix(&nodes_prefix)
                 .unwrap_or(&kv.key)
                 .to_owned();
             let entry = NodeEntry::decode(&kv.value).map_err(|r| corrupt(&kv.key, r))?;
-            let ttl = etcd.time_to_live(kv.lease).unwrap_or(-1);
+            let ttl = etcd.time_to_live(kv.lease).map_or(-1, |(ttl, _)| ttl);
             nodes.push((id, entry, ttl));
         }
         Ok(Snapshot {
@@ -513,6 +621,30 @@ impl Drop for Member {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
+}
+
+/// Why an attempt to lead failed.
+enum Campaign {
+    /// etcd did not answer: try again.
+    Unavailable(String),
+    /// The cluster's keys forbid it: stop.
+    Fatal(ClusterError),
+}
+
+impl From<String> for Campaign {
+    fn from(e: String) -> Self {
+        Campaign::Unavailable(e)
+    }
+}
+
+fn parse_epoch(spec: &ClusterSpec, key: &str, text: &str) -> Result<u64, Campaign> {
+    text.parse().map_err(|_| {
+        Campaign::Fatal(ClusterError::Corrupt {
+            cluster: spec.to_string(),
+            key: key.to_owned(),
+            reason: format!("`{text}` is not an epoch number"),
+        })
+    })
 }
 
 fn key(spec: &ClusterSpec, name: &str) -> String {

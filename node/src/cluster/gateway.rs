@@ -107,13 +107,17 @@ impl Gateway {
     /// Renews `lease`: the seconds it now has (0: it expired).
     pub fn keep_alive(&self, lease: i64) -> Result<i64, String> {
         let got = self.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))?;
+        // An expired lease is answered with its id and no TTL; anything else is no answer.
+        if int(&got["result"]["ID"]) != lease {
+            return Err(format!("/v3/lease/keepalive: unexpected answer {got}"));
+        }
         Ok(int(&got["result"]["TTL"]))
     }
 
-    /// The seconds `lease` has left (negative: it expired).
-    pub fn time_to_live(&self, lease: i64) -> Result<i64, String> {
+    /// The seconds `lease` has left (negative: it expired), and the seconds it was granted.
+    pub fn time_to_live(&self, lease: i64) -> Result<(i64, i64), String> {
         let got = self.call("/v3/lease/timetolive", &json!({ "ID": lease.to_string() }))?;
-        Ok(int(&got["TTL"]))
+        Ok((int(&got["TTL"]), int(&got["grantedTTL"])))
     }
 
     /// Revokes `lease`, deleting every key under it.
@@ -149,14 +153,19 @@ fn int(v: &Value) -> i64 {
     }
 }
 
-fn text(v: &Value) -> Result<String, String> {
+fn text(v: &Value, what: &str) -> Result<String, String> {
     let raw = match v.as_str() {
         Some(s) => STANDARD
             .decode(s)
-            .map_err(|e| format!("`{s}` is not base64: {e}"))?,
+            .map_err(|e| format!("{what} `{s}` is not base64: {e}"))?,
         None => Vec::new(),
     };
-    String::from_utf8(raw).map_err(|_| "a key or value is not UTF-8".to_owned())
+    String::from_utf8(raw).map_err(|e| {
+        format!(
+            "{what} `{}` is not UTF-8",
+            String::from_utf8_lossy(e.as_bytes())
+        )
+    })
 }
 
 /// The key-values of a range answer.
@@ -166,9 +175,10 @@ pub fn kvs(range: &Value) -> Result<Vec<Kv>, String> {
     };
     kvs.iter()
         .map(|kv| {
+            let key = text(&kv["key"], "a key")?;
             Ok(Kv {
-                key: text(&kv["key"])?,
-                value: text(&kv["value"])?,
+                value: text(&kv["value"], &format!("the value of {key}"))?,
+                key,
                 lease: int(&kv["lease"]),
             })
         })
@@ -214,6 +224,14 @@ pub fn range(key: &str) -> Value {
     json!({ "request_range": { "key": b64(key) } })
 }
 
+/// Reads every key starting with `prefix`.
+pub fn range_prefix(prefix: &str) -> Value {
+    json!({ "request_range": {
+        "key": b64(prefix),
+        "range_end": STANDARD.encode(prefix_end(prefix.as_bytes())),
+    } })
+}
+
 /// The revision a key was last modified at, from a range answer's raw JSON.
 pub fn mod_revision(range: &Value) -> i64 {
     range["kvs"]
@@ -257,8 +275,11 @@ fn post(endpoint: &str, path: &str, body: &str) -> Result<Value, String> {
     let answer: Value = serde_json::from_slice(&body)
         .map_err(|e| format!("{path}: HTTP {status}, not JSON ({e})"))?;
     if status != 200 {
+        // Unary calls answer `{"error": "...", "message": "..."}`, streaming ones
+        // `{"error": {"message": "..."}}`.
         let says = answer["message"]
             .as_str()
+            .or(answer["error"]["message"].as_str())
             .or(answer["error"].as_str())
             .unwrap_or("no message");
         return Err(format!("{path}: HTTP {status}: {says}"));

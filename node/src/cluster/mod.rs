@@ -166,9 +166,23 @@ pub struct LeaseLost;
 /// The bits of a file or checkpoint id below a leadership's epoch.
 pub const EPOCH_SHIFT: u32 = 32;
 
+/// Epochs a cluster can have: a file's sequence has 48 bits (see
+/// [`retina_storage::FileId`]), of which the epoch takes the 16 above [`EPOCH_SHIFT`].
+pub const MAX_EPOCH: u64 = (1 << 16) - 1;
+
 /// The first file sequence and checkpoint id of leadership `epoch` (0 for a node on its own).
 pub fn epoch_base(epoch: u64) -> u64 {
     epoch << EPOCH_SHIFT
+}
+
+/// The leadership that made file `id` (0: a node on its own, or before any).
+pub fn file_epoch(id: retina_storage::FileId) -> u64 {
+    (id.0 >> EPOCH_SHIFT) & MAX_EPOCH
+}
+
+/// The leadership that made checkpoint `id`.
+pub fn checkpoint_epoch(id: u64) -> u64 {
+    id >> EPOCH_SHIFT
 }
 
 #[cfg(test)]
@@ -223,5 +237,10 @@ mod tests {
     fn an_epoch_owns_the_high_bits() {
         assert_eq!(epoch_base(0), 0);
         assert_eq!(epoch_base(3), 3 << 32);
+        let file = retina_storage::FileId::new(7, epoch_base(3) + 12);
+        assert_eq!(file_epoch(file), 3);
+        assert_eq!(file_epoch(retina_storage::FileId::new(7, 12)), 0);
+        assert_eq!(checkpoint_epoch(epoch_base(MAX_EPOCH) + 1), MAX_EPOCH);
+        retina_storage::FileId::new(u16::MAX, epoch_base(MAX_EPOCH) + u64::from(u32::MAX));
     }
 }

@@ -1,4 +1,4 @@
-//! A real etcd server for tests (Debian's `etcd-server`): one member on loopback ports below
+//! A real etcd server for tests and benchmarks (Debian's `etcd-server`): one member on loopback ports below
 //! the ephemeral range, with a temporary data directory. It can be stopped and started again on
 //! the same ports and data (an outage), and is killed when dropped.
 
@@ -40,7 +40,7 @@ impl Etcd {
         if !etcd_available() {
             return None;
         }
-        let ports = retina_bench::ports::free_ports(2);
+        let ports = crate::ports::free_ports(2);
         let mut etcd = Etcd {
             child: None,
             client: SocketAddr::from(([127, 0, 0, 1], ports)),
