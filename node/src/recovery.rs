@@ -461,3 +461,82 @@ fn object_size(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use futures::TryStreamExt;
+    use object_store::memory::InMemory;
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    use retina_storage::FileId;
+    use retina_storage::buffer::{BlockId, block_path, file_path};
+
+    use super::{clean_remote_lake, object_file_id};
+    use crate::cluster::epoch_base;
+    use crate::lake::{RECORD_OBJECT, checkpoint_object};
+
+    #[test]
+    fn objects_are_named_after_their_file() {
+        let file = FileId::new(3, epoch_base(2) + 7);
+        let block = BlockId { file, index: 4 };
+        for path in [file_path("t", file), block_path("t", block)] {
+            assert_eq!(
+                object_file_id(path.filename().unwrap()),
+                Some(file),
+                "{path}"
+            );
+        }
+        assert_eq!(object_file_id("notes.txt"), None);
+    }
+
+    /// A node starting at epoch 1 cleans what it does not read of epochs up to its own, and
+    /// leaves a later leader's objects and checkpoints alone.
+    #[test]
+    fn cleaning_leaves_a_later_epoch_alone() {
+        let store = InMemory::new();
+        let own = FileId::new(0, epoch_base(1) + 5);
+        let kept = FileId::new(0, epoch_base(1) + 6);
+        let later = FileId::new(1, epoch_base(2) + 1);
+        let objects = [
+            file_path("t", own),
+            file_path("t", kept),
+            file_path("t", later),
+            block_path(
+                "t",
+                BlockId {
+                    file: later,
+                    index: 0,
+                },
+            ),
+            checkpoint_object(epoch_base(1) + 3, RECORD_OBJECT),
+            checkpoint_object(epoch_base(1) + 4, RECORD_OBJECT),
+            checkpoint_object(epoch_base(2) + 1, RECORD_OBJECT),
+        ];
+        let left = futures::executor::block_on(async {
+            for o in &objects {
+                store.put(o, PutPayload::from_static(b"x")).await.unwrap();
+            }
+            let keep: HashSet<ObjectPath> = [file_path("t", kept)].into();
+            let removed = clean_remote_lake(&store, &keep, Some(epoch_base(1) + 3), 1)
+                .await
+                .unwrap();
+            assert_eq!(removed, 1);
+            let mut left: Vec<String> = store
+                .list(None)
+                .map_ok(|o| o.location.to_string())
+                .try_collect()
+                .await
+                .unwrap();
+            left.sort();
+            left
+        });
+        let mut expected: Vec<String> = [1, 2, 3, 4, 6]
+            .iter()
+            .map(|&i| objects[i].to_string())
+            .collect();
+        expected.sort();
+        assert_eq!(left, expected);
+    }
+}
