@@ -82,7 +82,8 @@ pub struct ServeArgs {
     #[arg(long)]
     dead_letter: Option<PathBuf>,
     /// Where the coordinator's Cap'n Proto service listens (port 0: any free port). An address
-    /// beyond loopback needs --auth-token.
+    /// beyond loopback needs --auth-token. A cluster's standby passes connections here to the
+    /// leader's coordinator service.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
     /// The token query clients present when they bootstrap (and Arrow Flight clients as the
@@ -211,6 +212,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| args.listen.to_string());
             let ttl = Duration::from_secs(args.lease_ttl);
             let member = retina_node::cluster::Member::join(spec, id, &advertise, ttl)?;
+            // Until it leads, its --listen passes connections to the leader's.
+            let forwarder =
+                retina_node::cluster::forward::Forwarder::start(args.listen, spec.clone())
+                    .with_context(|| format!("listening on {}", args.listen))?;
             {
                 let (member, events) = (member.clone(), events.clone());
                 std::thread::Builder::new()
@@ -232,6 +237,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     Event::SinkDone | Event::LeaseLost => {}
                 }
             };
+            // The port is this node's own now.
+            forwarder.stop();
             tracing::info!("leading the cluster {spec} with epoch {epoch}");
             // However this run ends, the lease goes with it and a standby takes over at once.
             leave = Some(LeaveOnExit(member.clone()));

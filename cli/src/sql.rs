@@ -37,22 +37,12 @@ pub struct SqlArgs {
 
 /// The address the leader of `cluster` advertises.
 fn leader_address(cluster: &retina_node::cluster::ClusterSpec) -> anyhow::Result<SocketAddr> {
-    let s = retina_node::cluster::Member::snapshot(cluster)?;
-    let leader = s
-        .leader
+    let advertise = retina_node::cluster::Member::leader_address(cluster)?
         .with_context(|| format!("no member leads the cluster {cluster} now"))?;
-    let (_, entry, _) = (s.nodes.iter())
-        .find(|(id, _, _)| *id == leader)
-        .with_context(|| format!("node {leader} leads {cluster}, but has no entry there"))?;
-    std::net::ToSocketAddrs::to_socket_addrs(&entry.advertise)
+    std::net::ToSocketAddrs::to_socket_addrs(&advertise)
         .ok()
         .and_then(|mut a| a.next())
-        .with_context(|| {
-            format!(
-                "node {leader} of {cluster} advertises `{}`, not HOST:PORT",
-                entry.advertise
-            )
-        })
+        .with_context(|| format!("the leader of {cluster} advertises `{advertise}`, not HOST:PORT"))
 }
 
 pub fn run(mut args: SqlArgs) -> anyhow::Result<()> {

@@ -4,7 +4,8 @@
 //!
 //! - A leader killed with SIGKILL is replaced by the standby, which resumes from the checkpoint
 //!   the cluster recorded: the final table equals the model, and a query after the failover
-//!   never sees less than one before it.
+//!   never sees less than one before it. Before that, a query through the standby reaches the
+//!   leader.
 //! - A leader cut off from etcd pauses replay once its lease runs out, and goes on when etcd
 //!   is back.
 //! - A leader frozen (SIGSTOP) past its lease is deposed: the standby takes over, and the old
@@ -330,6 +331,8 @@ fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
             ("b".into(), "standby".into())
         ]
     );
+    // Any member answers: the standby passes a connection to the leader's service.
+    assert_eq!(b.count(&moto), 2000);
 
     // More while a leads; it is killed once a checkpoint covers some of it.
     append(&input, &source.txns(2000));

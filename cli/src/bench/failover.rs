@@ -172,10 +172,7 @@ struct LeaderClient<'a> {
 impl LeaderClient<'_> {
     /// Rows of `t` a query through the leader sees now (`None`: no answer yet).
     fn count(&mut self) -> Option<u64> {
-        let s = Member::snapshot(self.spec).ok()?;
-        let leader = s.leader?;
-        let (_, entry, _) = s.nodes.iter().find(|(id, _, _)| *id == leader)?;
-        let addr: std::net::SocketAddr = entry.advertise.parse().ok()?;
+        let addr: std::net::SocketAddr = Member::leader_address(self.spec).ok()??.parse().ok()?;
         if self.connected.as_ref().is_none_or(|(a, _)| *a != addr) {
             self.connected = None;
             let retina = Retina::connect(addr, "")

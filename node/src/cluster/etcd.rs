@@ -548,57 +548,68 @@ impl Member {
         self.clock.lose();
     }
 
+    /// The address the leader of `spec` advertises (`None`: no member leads now).
+    pub fn leader_address(spec: &ClusterSpec) -> Result<Option<String>, ClusterError> {
+        let nodes_prefix = key(spec, "nodes/");
+        let [leader, nodes] = read_together(
+            spec,
+            "finding the leader",
+            [
+                range(&key(spec, "leader")),
+                super::gateway::range_prefix(&nodes_prefix),
+            ],
+        )?;
+        let Some(leader) = leader.into_iter().next().map(|kv| kv.value) else {
+            return Ok(None);
+        };
+        let entry_key = format!("{nodes_prefix}{leader}");
+        let corrupt = |reason: String| ClusterError::Corrupt {
+            cluster: spec.to_string(),
+            key: entry_key.clone(),
+            reason,
+        };
+        let entry = nodes
+            .into_iter()
+            .find(|kv| kv.key == entry_key)
+            .ok_or_else(|| corrupt(format!("node {leader} leads, but has no entry")))?;
+        let entry = NodeEntry::decode(&entry.value).map_err(corrupt)?;
+        Ok(Some(entry.advertise))
+    }
+
     /// The cluster as its keys describe it now (read in one transaction, so the leader, the
     /// epoch, the state and the entries belong together).
     pub fn snapshot(spec: &ClusterSpec) -> Result<Snapshot, ClusterError> {
-        let etcd = Gateway::new(&spec.endpoints);
-        let err = |reason: String| ClusterError::Etcd {
-            cluster: spec.to_string(),
-            what: "reading the cluster's keys".into(),
-            reason,
-        };
         let corrupt = |key: &str, reason: String| ClusterError::Corrupt {
             cluster: spec.to_string(),
             key: key.to_owned(),
             reason,
         };
         let nodes_prefix = key(spec, "nodes/");
-        let (_, answers) = etcd
-            .txn(
-                vec![],
-                vec![
-                    range(&key(spec, "leader")),
-                    range(&key(spec, "epoch")),
-                    range(&key(spec, "state")),
-                    super::gateway::range_prefix(&nodes_prefix),
-                ],
-                vec![],
-            )
-            .map_err(err)?;
-        let read = |i: usize| -> Result<Vec<Kv>, ClusterError> {
-            answers
-                .get(i)
-                .map(super::gateway::range_response)
-                .transpose()
-                .map_err(err)
-                .map(Option::unwrap_or_default)
-        };
-        let one = |i: usize| -> Result<Option<String>, ClusterError> {
-            Ok(read(i)?.into_iter().next().map(|kv| kv.value))
-        };
-        let leader = one(0)?;
+        let [leader, epoch, state, listed] = read_together(
+            spec,
+            "reading the cluster's keys",
+            [
+                range(&key(spec, "leader")),
+                range(&key(spec, "epoch")),
+                range(&key(spec, "state")),
+                super::gateway::range_prefix(&nodes_prefix),
+            ],
+        )?;
+        let one = |kvs: Vec<Kv>| kvs.into_iter().next().map(|kv| kv.value);
+        let leader = one(leader);
         let epoch_key = key(spec, "epoch");
-        let epoch = match one(1)? {
+        let epoch = match one(epoch) {
             Some(t) => t
                 .parse()
                 .map_err(|_| corrupt(&epoch_key, format!("`{t}` is not a number")))?,
             None => 0,
         };
-        let state = one(2)?
+        let state = one(state)
             .map(|t| decode_state(spec, &key(spec, "state"), &t))
             .transpose()?;
+        let etcd = Gateway::new(&spec.endpoints);
         let mut nodes = Vec::new();
-        for kv in read(3)? {
+        for kv in listed {
             let id = kv
                 .key
                 .strip_prefix(&nodes_prefix)
@@ -645,6 +656,28 @@ fn parse_epoch(spec: &ClusterSpec, key: &str, text: &str) -> Result<u64, Campaig
             reason: format!("`{text}` is not an epoch number"),
         })
     })
+}
+
+/// Reads every range of `ops` in one transaction (so they belong together): the key-values of
+/// each, in order.
+fn read_together<const N: usize>(
+    spec: &ClusterSpec,
+    what: &str,
+    ops: [serde_json::Value; N],
+) -> Result<[Vec<Kv>; N], ClusterError> {
+    let err = |reason: String| ClusterError::Etcd {
+        cluster: spec.to_string(),
+        what: what.to_owned(),
+        reason,
+    };
+    let (_, answers) = Gateway::new(&spec.endpoints)
+        .txn(vec![], ops.to_vec(), vec![])
+        .map_err(err)?;
+    let mut out = std::array::from_fn(|_| Vec::new());
+    for (slot, answer) in out.iter_mut().zip(&answers) {
+        *slot = super::gateway::range_response(answer).map_err(err)?;
+    }
+    Ok(out)
 }
 
 fn key(spec: &ClusterSpec, name: &str) -> String {

@@ -6,6 +6,7 @@
 //! - [`etcd`]: a node's membership in an etcd cluster ([`Member`]): a lease kept alive, the
 //!   node's entry under it, the election of the one node that replays (the leader) and the
 //!   fenced writes of its state, through etcd's JSON gateway ([`gateway`]).
+//! - [`forward`]: a standby's `--listen`, passing each connection to the leader's.
 //! - [`LeaseClock`]: how long the leader may still act on its lease, as it last heard from
 //!   etcd. Timestamps are handed out only while it runs; once it runs out (etcd unreachable)
 //!   replay pauses, and it resumes when etcd answers again and the lease still stands.
@@ -16,6 +17,7 @@
 //! deposed leader that still writes to the lake never overwrites what its successor writes.
 
 pub mod etcd;
+pub mod forward;
 pub mod gateway;
 pub mod store;
 
