@@ -23,6 +23,9 @@ enum Event {
     Leading(Result<u64, String>),
     /// A cluster member: its lease expired; another node may lead.
     LeaseLost,
+    /// A cluster's leader: replay stopped for a reason of this node's own (see
+    /// `NodeStatus::failed_here`); another member should take over.
+    FailedHere,
 }
 
 #[derive(clap::Args)]
@@ -234,7 +237,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                         member.leave();
                         return Ok(());
                     }
-                    Event::SinkDone | Event::LeaseLost => {}
+                    Event::SinkDone | Event::LeaseLost | Event::FailedHere => {}
                 }
             };
             // The port is this node's own now.
@@ -323,6 +326,23 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     // The node's status, for metrics: a node restarted to skip a refused transaction has a
     // new one.
     let status = Arc::new(RwLock::new(node.handle().status().clone()));
+    if member.is_some() {
+        // A leader that fails for a reason of its own hands over, even while its source is
+        // quiet (the sink only notices a failure when it has something to replay).
+        let (status, events, stop) = (status.clone(), events.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("retina-failed-here".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let current = status.read().expect("status lock").clone();
+                    if current.failed_here.load(Ordering::Acquire) {
+                        let _ = events.send(Event::FailedHere);
+                        return;
+                    }
+                }
+            })?;
+    }
     let metrics = match args.metrics {
         Some(addr) => {
             let status = status.clone();
@@ -370,6 +390,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 sink.stop();
                 return lease_lost(node, &stop, flight, metrics);
             }
+            Event::FailedHere => {
+                sink.stop();
+                return failed_here(node, &stop, flight, metrics);
+            }
             Event::Signal(signal) => {
                 sink.stop();
                 stop.store(true, Ordering::Relaxed);
@@ -397,6 +421,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     continue;
                 }
                 match &report.stopped_by {
+                    Some(_)
+                        if member.is_some()
+                            && node.handle().status().failed_here.load(Ordering::Acquire) =>
+                    {
+                        return failed_here(node, &stop, flight, metrics);
+                    }
                     Some(e) => tracing::error!("replay stopped: {e}"),
                     None => tracing::info!(
                         "source done: {} transactions, {} duplicates skipped, {} dead-lettered; still serving",
@@ -410,6 +440,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     match next.recv().expect("this thread holds a sender") {
                         Event::Signal(signal) => break signal,
                         Event::LeaseLost => return lease_lost(node, &stop, flight, metrics),
+                        Event::FailedHere => return failed_here(node, &stop, flight, metrics),
                         Event::SinkDone | Event::Leading(_) => {}
                     }
                 };
@@ -418,16 +449,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     tracing::info!("stopping on signal {signal}");
-    stop.store(true, Ordering::Relaxed);
-    let hwm = node.handle().status().hwm();
-    if let Some(flight) = flight {
-        flight.stop();
-    }
-    node.shutdown();
-    if let Some((bound, thread)) = metrics {
-        retina_node::metrics::stop(bound, thread);
-    }
-    tracing::info!("stopped at HWM {}", hwm.get());
+    let hwm = stop_serving(node, &stop, flight, metrics);
+    tracing::info!("stopped at HWM {hwm}");
     drop(leave);
     Ok(())
 }
@@ -449,8 +472,39 @@ fn lease_lost(
     flight: Option<retina_flight::FlightServer>,
     metrics: Option<(SocketAddr, std::thread::JoinHandle<()>)>,
 ) -> anyhow::Result<()> {
+    let hwm = stop_serving(node, stop, flight, metrics);
+    anyhow::bail!(
+        "this node's cluster lease expired at HWM {hwm}: another node may lead now, so this one \
+         stopped; start it again to stand by"
+    )
+}
+
+/// Replay stopped on this cluster leader for a reason of its own: it stops serving and the
+/// process ends with an error, leaving the cluster (see `LeaveOnExit`) so that a standby takes
+/// over at once.
+fn failed_here(
+    node: Node,
+    stop: &AtomicBool,
+    flight: Option<retina_flight::FlightServer>,
+    metrics: Option<(SocketAddr, std::thread::JoinHandle<()>)>,
+) -> anyhow::Result<()> {
+    let error = node.handle().status().error().unwrap_or_default();
+    let hwm = stop_serving(node, stop, flight, metrics);
+    anyhow::bail!(
+        "replay stopped on this node at HWM {hwm} ({error}): it leaves the cluster, so that \
+         another member takes over"
+    )
+}
+
+/// Stops the Flight service, the node and the metrics server; the HWM it stopped at.
+fn stop_serving(
+    node: Node,
+    stop: &AtomicBool,
+    flight: Option<retina_flight::FlightServer>,
+    metrics: Option<(SocketAddr, std::thread::JoinHandle<()>)>,
+) -> u64 {
     stop.store(true, Ordering::Relaxed);
-    let hwm = node.handle().status().hwm();
+    let hwm = node.handle().status().hwm().get().get();
     if let Some(flight) = flight {
         flight.stop();
     }
@@ -458,9 +512,5 @@ fn lease_lost(
     if let Some((bound, thread)) = metrics {
         retina_node::metrics::stop(bound, thread);
     }
-    anyhow::bail!(
-        "this node's cluster lease expired at HWM {}: another node may lead now, so this one \
-         stopped; start it again to stand by",
-        hwm.get()
-    )
+    hwm
 }

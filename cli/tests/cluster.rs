@@ -10,6 +10,7 @@
 //!   is back.
 //! - A leader frozen (SIGSTOP) past its lease is deposed: the standby takes over, and the old
 //!   leader, thawed, stops without writing anything the new one reads.
+//! - A leader that cannot write its state file leaves the cluster, and the standby takes over.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -181,6 +182,28 @@ impl Member {
         }
     }
 
+    /// Waits until the member exits with an error whose log says `why`.
+    fn wait_failed(&mut self, what: &str, why: &str) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child().try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{what} went on: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!status.success(), "{what} stopped cleanly: {}", self.log());
+        assert!(
+            self.log().contains(why),
+            "{what} says why it stopped: {}",
+            self.log()
+        );
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -296,6 +319,17 @@ fn cluster_status(etcd: &Etcd) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `a` leading after replaying 1,000 transactions of a new source, and `b` standing by.
+fn leader_and_standby(etcd: &Etcd, moto: &Moto, dir: &Path) -> (Source, Member, Member) {
+    let mut source = Source::new();
+    append(&dir.join("in.json"), &source.txns(1000));
+    let mut a = Member::start(etcd, moto, dir, "a");
+    a.wait("a to replay", "retina_hwm", |h| h == source.hwm());
+    let b = Member::start(etcd, moto, dir, "b");
+    wait_standby(etcd, "b");
+    (source, a, b)
 }
 
 /// etcd, an S3 bucket, and a folder with the schema and an empty source; `None` where a
@@ -452,12 +486,7 @@ fn a_frozen_leader_is_deposed_and_stops_without_touching_what_the_new_one_wrote(
         return;
     };
     let input = dir.path().join("in.json");
-    let mut source = Source::new();
-    append(&input, &source.txns(1000));
-    let mut a = Member::start(&etcd, &moto, dir.path(), "a");
-    a.wait("a to replay", "retina_hwm", |h| h == source.hwm());
-    let mut b = Member::start(&etcd, &moto, dir.path(), "b");
-    wait_standby(&etcd, "b");
+    let (mut source, mut a, mut b) = leader_and_standby(&etcd, &moto, dir.path());
 
     // a freezes; its lease expires and b takes over, replaying what came meanwhile.
     a.signal("-STOP");
@@ -469,27 +498,36 @@ fn a_frozen_leader_is_deposed_and_stops_without_touching_what_the_new_one_wrote(
 
     // a thaws: it finds its lease gone and stops, with an error, before replaying anything.
     a.signal("-CONT");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = a.child().try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the deposed leader went on: {}",
-            a.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!status.success());
-    assert!(
-        a.log().contains("cluster lease expired"),
-        "the deposed leader says why it stopped: {}",
-        a.log()
-    );
+    a.wait_failed("the deposed leader", "cluster lease expired");
 
     append(&input, &source.txns(500));
     b.wait("b to go on", "retina_hwm", |h| h == source.hwm());
+    assert_eq!(
+        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
+    assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
+}
+
+#[test]
+fn a_leader_that_cannot_write_its_state_hands_over_to_the_standby() {
+    let Some((etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let (mut source, mut a, mut b) = leader_and_standby(&etcd, &moto, dir.path());
+
+    // a's state file can no longer be replaced: the file it writes first is a folder now.
+    std::fs::create_dir(dir.path().join("a/coordinator.tmp")).unwrap();
+    append(&input, &source.txns(1000));
+    a.wait_failed(
+        "a without its state",
+        "it leaves the cluster, so that another member takes over",
+    );
+
+    b.wait("b to lead and catch up", "retina_hwm", |h| {
+        h == source.hwm()
+    });
     assert_eq!(
         b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
         source.table()

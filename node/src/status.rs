@@ -102,6 +102,10 @@ pub struct NodeStatus {
     pub checkpoint_failed_id: AtomicU64,
     /// Checkpoints that failed since the start.
     pub checkpoints_failed: AtomicU64,
+    /// Replay stopped for a reason of this node's own (its state file could not be written,
+    /// or another node leads), not of the source's: in a cluster, another member should take
+    /// over.
+    pub failed_here: AtomicBool,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
     /// A cluster's leader: the epoch of its leadership (0: a node on its own).

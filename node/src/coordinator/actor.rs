@@ -517,6 +517,7 @@ impl CoordinatorActor {
                 false
             }
             Err(SaveError::Fenced(e) | SaveError::Fatal(e)) => {
+                self.status.failed_here.store(true, Ordering::Release);
                 self.status.fail(format!(
                     "coordinator: {e}; the node stops rather than lose state"
                 ));
