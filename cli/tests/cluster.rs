@@ -518,7 +518,18 @@ fn a_leader_that_cannot_write_its_state_hands_over_to_the_standby() {
     let (mut source, mut a, mut b) = leader_and_standby(&etcd, &moto, dir.path());
 
     // a's state file can no longer be replaced: the file it writes first is a folder now.
-    std::fs::create_dir(dir.path().join("a/coordinator.tmp")).unwrap();
+    // (The coordinator may be writing the file at that moment: then again once it is renamed.)
+    let tmp = dir.path().join("a/coordinator.tmp");
+    let start = Instant::now();
+    while let Err(e) = std::fs::create_dir(&tmp) {
+        assert!(
+            e.kind() == std::io::ErrorKind::AlreadyExists
+                && start.elapsed() < Duration::from_secs(10),
+            "making {} a folder: {e}",
+            tmp.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     append(&input, &source.txns(1000));
     a.wait_failed(
         "a without its state",
