@@ -18,19 +18,7 @@ pub struct Etcd {
 /// Whether `etcd` can be started. CI installs it (`.ci/run`), so there a missing one is a
 /// failure, not a skip; elsewhere the test prints a note and passes.
 pub fn etcd_available() -> bool {
-    let ok = Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!("etcd is required in CI: .ci/run installs Debian's etcd-server");
-        }
-        eprintln!("note: etcd is not installed (apt-get install etcd-server); skipping this test");
-    }
-    ok
+    crate::server_available("etcd", "--version", "apt-get install etcd-server")
 }
 
 impl Etcd {

@@ -15,3 +15,22 @@ pub mod postgres;
 pub mod report;
 pub mod results;
 pub mod workload;
+
+/// Whether the test server `program` can be started (`program arg` succeeds). CI installs the
+/// servers (`.ci/run`), so there a missing one is a failure, not a skip; elsewhere the caller
+/// skips after a note saying how to `install` it.
+pub fn server_available(program: &str, arg: &str, install: &str) -> bool {
+    let ok = std::process::Command::new(program)
+        .arg(arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("{program} is required in CI: .ci/run installs it ({install})");
+        }
+        eprintln!("note: {program} is not installed ({install}); skipping this test");
+    }
+    ok
+}

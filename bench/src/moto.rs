@@ -17,22 +17,11 @@ pub struct Moto {
 /// Whether `moto_server` can be started. CI installs it (`.ci/run`), so there a missing one is
 /// a failure, not a skip; elsewhere the test prints a note and passes.
 pub fn moto_available() -> bool {
-    let ok = Command::new("moto_server")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        if std::env::var_os("CI").is_some() {
-            panic!("moto_server is required in CI: .ci/run installs it with pip (moto[server])");
-        }
-        eprintln!(
-            "note: moto_server is not installed (python3 -m pip install 'moto[server]'); \
-             skipping this S3 test"
-        );
-    }
-    ok
+    crate::server_available(
+        "moto_server",
+        "--help",
+        "python3 -m pip install 'moto[server]'",
+    )
 }
 
 impl Moto {

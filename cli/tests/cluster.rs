@@ -234,6 +234,11 @@ impl Member {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The table as `Source::table` prints it.
+    fn table(&self, moto: &Moto) -> String {
+        self.sql(moto, "SELECT id, v FROM public.t ORDER BY id")
+    }
+
     fn count(&self, moto: &Moto) -> u64 {
         let out = self.sql(moto, "SELECT count(*) AS n FROM public.t");
         out.lines().nth(1).unwrap().parse().unwrap()
@@ -434,10 +439,7 @@ fn a_standby_takes_over_from_a_killed_leader_and_queries_never_go_back() {
     let mut a = Member::start(&etcd, &moto, dir.path(), "a");
     a.wait("a to lead again", "retina_hwm", |h| h == source.hwm());
     assert!(cluster_status(&etcd).contains("leader: a (epoch 3)"));
-    assert_eq!(
-        a.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
-        source.table()
-    );
+    assert_eq!(a.table(&moto), source.table());
 }
 
 #[test]
@@ -468,10 +470,7 @@ fn a_leader_cut_off_from_etcd_pauses_replay_and_goes_on_when_it_is_back() {
 
     etcd.resume();
     a.wait("replay to go on", "retina_hwm", |h| h == source.hwm());
-    assert_eq!(
-        a.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
-        source.table()
-    );
+    assert_eq!(a.table(&moto), source.table());
     let log = a.log();
     assert!(
         log.contains("replay pauses") && log.contains("replay goes on"),
@@ -502,10 +501,7 @@ fn a_frozen_leader_is_deposed_and_stops_without_touching_what_the_new_one_wrote(
 
     append(&input, &source.txns(500));
     b.wait("b to go on", "retina_hwm", |h| h == source.hwm());
-    assert_eq!(
-        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
-        source.table()
-    );
+    assert_eq!(b.table(&moto), source.table());
     assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
 }
 
@@ -539,9 +535,6 @@ fn a_leader_that_cannot_write_its_state_hands_over_to_the_standby() {
     b.wait("b to lead and catch up", "retina_hwm", |h| {
         h == source.hwm()
     });
-    assert_eq!(
-        b.sql(&moto, "SELECT id, v FROM public.t ORDER BY id"),
-        source.table()
-    );
+    assert_eq!(b.table(&moto), source.table());
     assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
 }
