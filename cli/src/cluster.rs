@@ -44,11 +44,29 @@ fn status(spec: &ClusterSpec) -> anyhow::Result<String> {
         ),
         None => "checkpoint: none recorded\n".to_owned(),
     };
+    out += &match &s.placement {
+        Some(p) if p.epoch == s.epoch => format!(
+            "placement: {} shards over {} nodes (leadership {})\n",
+            p.owners.len(),
+            p.owners
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            p.epoch
+        ),
+        Some(p) => format!(
+            "placement: none by this leadership yet (the last was leadership {}'s)\n",
+            p.epoch
+        ),
+        None => "placement: none recorded\n".to_owned(),
+    };
     let mut rows = vec![
         [
             "NODE",
             "ROLE",
             "ADVERTISE",
+            "PEER",
+            "SHARDS",
             "LEASE_S",
             "HWM",
             "CHECKPOINT",
@@ -59,10 +77,29 @@ fn status(spec: &ClusterSpec) -> anyhow::Result<String> {
     for (id, e, ttl) in &s.nodes {
         let leads = e.role == "leader";
         let num = |n: u64| if leads { n.to_string() } else { "-".into() };
+        // The shards the placement puts on the node (only a leadership's own is current).
+        let shards: Vec<String> = s
+            .placement
+            .iter()
+            .filter(|p| p.epoch == s.epoch)
+            .flat_map(|p| p.owners.iter().enumerate())
+            .filter(|(_, owner)| *owner == id)
+            .map(|(k, _)| k.to_string())
+            .collect();
         rows.push([
             id.clone(),
             e.role.clone(),
             e.advertise.clone(),
+            if e.peer.is_empty() {
+                "-".into()
+            } else {
+                e.peer.clone()
+            },
+            if shards.is_empty() {
+                "-".into()
+            } else {
+                shards.join(",")
+            },
             ttl.to_string(),
             num(e.hwm),
             num(e.checkpoint_id),

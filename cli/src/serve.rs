@@ -17,8 +17,9 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 /// What the serving thread waits for.
 enum Event {
     Signal(i32),
-    /// The sink's run ended; its handle has the report.
-    SinkDone,
+    /// The sink's run ended (the run's number: an earlier run's end is old news); its handle
+    /// has the report.
+    SinkDone(u64),
     /// A cluster member: this node leads now, with this epoch (or could not find out).
     Leading(Result<u64, String>),
     /// A cluster member: its lease expired; another node may lead.
@@ -26,6 +27,12 @@ enum Event {
     /// A cluster's leader: replay stopped for a reason of this node's own (see
     /// `NodeStatus::failed_here`); another member should take over.
     FailedHere,
+    /// A cluster's leader lost a member that runs some of its shards: it starts again from
+    /// the newest checkpoint, with the next epoch, over the members live then.
+    HostLost,
+    /// A cluster's leader sees a member that can run shards and was not there when it placed
+    /// them: it starts again likewise, to place shards on it too.
+    HostJoined,
 }
 
 #[derive(clap::Args)]
@@ -128,6 +135,12 @@ pub struct ServeArgs {
     /// replay once it runs out.
     #[arg(long, default_value_t = 5, value_name = "SECONDS")]
     lease_ttl: u64,
+    /// Run shards for the cluster's leader: it connects here (TCP), and shard k placed on this
+    /// member serves its scans on the port k + 1 after this one, on the same address, which
+    /// the leader and query clients must reach. The leader places the shards (the cluster's
+    /// --shards) over itself and every live member with --peer, round-robin.
+    #[arg(long, requires = "cluster", value_name = "HOST:PORT")]
+    peer: Option<SocketAddr>,
 }
 
 /// Checks a node id: what etcd keys and logs can carry unquoted.
@@ -214,7 +227,30 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| args.listen.to_string());
             let ttl = Duration::from_secs(args.lease_ttl);
-            let member = retina_node::cluster::Member::join(spec, id, &advertise, ttl)?;
+            if let Some(peer) = args.peer {
+                anyhow::ensure!(
+                    !peer.ip().is_unspecified(),
+                    "--peer {peer}: give the address the leader and query clients reach this \
+                     node at, not a wildcard"
+                );
+            }
+            let peer = args.peer.map(|p| p.to_string());
+            let member =
+                retina_node::cluster::Member::join(spec, id, &advertise, peer.as_deref(), ttl)?;
+            // Until it leads, it runs the shards a leader places on it.
+            let host = match args.peer {
+                Some(peer) => Some(retina_node::remote::Host::start(
+                    retina_node::remote::HostOptions {
+                        peer,
+                        data_dir: args.data_dir.clone(),
+                        lake: args.lake.clone().unwrap_or_default(),
+                        catalog: catalog.clone(),
+                        settings: settings.clone(),
+                        auth_token: args.auth_token.clone(),
+                    },
+                )?),
+                None => None,
+            };
             // Until it leads, its --listen passes connections to the leader's.
             let forwarder =
                 retina_node::cluster::forward::Forwarder::start(args.listen, spec.clone())
@@ -234,14 +270,25 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     Event::Leading(Err(e)) => anyhow::bail!("waiting to lead {spec}: {e}"),
                     Event::Signal(signal) => {
                         tracing::info!("standby stopping on signal {signal}");
+                        if let Some(host) = host {
+                            host.stop();
+                        }
                         member.leave();
                         return Ok(());
                     }
-                    Event::SinkDone | Event::LeaseLost | Event::FailedHere => {}
+                    Event::SinkDone(_)
+                    | Event::LeaseLost
+                    | Event::FailedHere
+                    | Event::HostLost
+                    | Event::HostJoined => {}
                 }
             };
-            // The port is this node's own now.
+            // The port is this node's own now, and so are the shards it ran for the leader
+            // before (their sessions end; the new leadership starts them from its checkpoint).
             forwarder.stop();
+            if let Some(host) = host {
+                host.stop();
+            }
             tracing::info!("leading the cluster {spec} with epoch {epoch}");
             // However this run ends, the lease goes with it and a standby takes over at once.
             leave = Some(LeaveOnExit(member.clone()));
@@ -330,15 +377,30 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         // A leader that fails for a reason of its own hands over, even while its source is
         // quiet (the sink only notices a failure when it has something to replay).
         let (status, events, stop) = (status.clone(), events.clone(), stop.clone());
+        // Likewise a leader that lost a member running its shards starts again at once, and
+        // one that sees a new member that can run shards (checked every second) places shards
+        // on it.
+        let member = member.clone().expect("a member");
         std::thread::Builder::new()
             .name("retina-failed-here".into())
             .spawn(move || {
+                let mut told_lost = None;
+                let mut polls = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(100));
+                    polls += 1;
+                    if polls.is_multiple_of(10) && host_joined(&member) {
+                        let _ = events.send(Event::HostJoined);
+                    }
                     let current = status.read().expect("status lock").clone();
                     if current.failed_here.load(Ordering::Acquire) {
                         let _ = events.send(Event::FailedHere);
                         return;
+                    }
+                    let this = Arc::as_ptr(&current);
+                    if current.host_lost.load(Ordering::Acquire) && told_lost != Some(this) {
+                        told_lost = Some(this);
+                        let _ = events.send(Event::HostLost);
                     }
                 }
             })?;
@@ -377,15 +439,40 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         decode_lanes,
     };
 
-    let signal = loop {
+    // Starts the node again from its newest checkpoint (after replay skipped a refused
+    // transaction, or a cluster's leader lost a member running its shards).
+    let restart = |node: Node| -> anyhow::Result<Node> {
+        node.shutdown();
+        if let Some(member) = &member {
+            let epoch = member.next_epoch()?;
+            tracing::info!("leading with epoch {epoch} from now on");
+        }
+        let node = start()?;
+        *status.write().expect("status lock") = node.handle().status().clone();
+        if let (Some(flight), Some(addr)) = (&flight, node.coordinator_addr()) {
+            flight.reconnect(addr)?;
+        }
+        Ok(node)
+    };
+    let mut run = 0u64;
+    let signal = 'serve: loop {
+        run += 1;
         let sink = {
             let events = events.clone();
             retina_node::sink::spawn_with(node.handle().clone(), options.clone(), move || {
-                let _ = events.send(Event::SinkDone);
+                let _ = events.send(Event::SinkDone(run));
             })?
         };
         // Serve until SIGTERM or Ctrl-C.
-        match next.recv().expect("this thread holds a sender") {
+        let event = loop {
+            match next.recv().expect("this thread holds a sender") {
+                Event::SinkDone(r) if r != run => {}
+                Event::HostLost if !node.handle().status().host_lost.load(Ordering::Acquire) => {}
+                Event::HostJoined if !member.as_ref().is_some_and(|m| host_joined(m)) => {}
+                event => break event,
+            }
+        };
+        match event {
             Event::LeaseLost | Event::Leading(_) => {
                 sink.stop();
                 return lease_lost(node, &stop, flight, metrics);
@@ -393,6 +480,24 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             Event::FailedHere => {
                 sink.stop();
                 return failed_here(node, &stop, flight, metrics);
+            }
+            Event::HostLost => {
+                tracing::warn!(
+                    "{}; starting again from the newest checkpoint",
+                    node.handle().status().error().unwrap_or_default()
+                );
+                let _ = sink.stop_and_join();
+                node = restart(node)?;
+                continue;
+            }
+            Event::HostJoined => {
+                tracing::info!(
+                    "a member that runs shards joined; starting again from the newest \
+                     checkpoint to place shards on it"
+                );
+                let _ = sink.stop_and_join();
+                node = restart(node)?;
+                continue;
             }
             Event::Signal(signal) => {
                 sink.stop();
@@ -407,17 +512,20 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 }
                 break signal;
             }
-            Event::SinkDone => {
+            Event::SinkDone(_) => {
                 // `on_end` runs only once the run has returned its report.
                 let report = sink.join().expect("the sink's run ended");
                 if let Some(why) = &report.restart {
                     tracing::warn!("{why}; restarting from the checkpoint to replay without it");
-                    node.shutdown();
-                    node = start()?;
-                    *status.write().expect("status lock") = node.handle().status().clone();
-                    if let (Some(flight), Some(addr)) = (&flight, node.coordinator_addr()) {
-                        flight.reconnect(addr)?;
-                    }
+                    node = restart(node)?;
+                    continue;
+                }
+                if node.handle().status().host_lost.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        "{}; starting again from the newest checkpoint",
+                        node.handle().status().error().unwrap_or_default()
+                    );
+                    node = restart(node)?;
                     continue;
                 }
                 match &report.stopped_by {
@@ -441,7 +549,21 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                         Event::Signal(signal) => break signal,
                         Event::LeaseLost => return lease_lost(node, &stop, flight, metrics),
                         Event::FailedHere => return failed_here(node, &stop, flight, metrics),
-                        Event::SinkDone | Event::Leading(_) => {}
+                        Event::HostLost
+                            if node.handle().status().host_lost.load(Ordering::Acquire) =>
+                        {
+                            // The source was done: replay from the checkpoint to its end.
+                            node = restart(node)?;
+                            continue 'serve;
+                        }
+                        Event::HostJoined if member.as_ref().is_some_and(|m| host_joined(m)) => {
+                            node = restart(node)?;
+                            continue 'serve;
+                        }
+                        Event::SinkDone(_)
+                        | Event::Leading(_)
+                        | Event::HostLost
+                        | Event::HostJoined => {}
                     }
                 };
                 break signal;
@@ -453,6 +575,16 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("stopped at HWM {hwm}");
     drop(leave);
     Ok(())
+}
+
+/// Whether a member that runs shards is live now and was not when this leader placed them
+/// (a member that cannot be asked is not counted).
+fn host_joined(member: &retina_node::cluster::Member) -> bool {
+    let placed = member.placed_over();
+    !placed.is_empty()
+        && member
+            .hosts()
+            .is_ok_and(|hosts| hosts.iter().any(|(id, _)| !placed.contains(id)))
 }
 
 /// Leaves the cluster when dropped: on a stop, and on an error after the node began to lead.

@@ -11,6 +11,10 @@
 //! - A leader frozen (SIGSTOP) past its lease is deposed: the standby takes over, and the old
 //!   leader, thawed, stops without writing anything the new one reads.
 //! - A leader that cannot write its state file leaves the cluster, and the standby takes over.
+//! - Three members run the shards (`--peer`): members that join get shards, queries through
+//!   any member see one snapshot of every shard, a member killed during replay is left out
+//!   once its lease expires and gets shards again when it comes back, and a killed leader is
+//!   replaced by a member that ran shards for it; the table equals the model throughout.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -122,11 +126,27 @@ struct Member {
 
 impl Member {
     fn start(etcd: &Etcd, moto: &Moto, dir: &Path, id: &str) -> Member {
-        let ports = retina_tests::free_ports();
-        let (listen, metrics) = (ports, ports + 3);
+        Member::start_with(etcd, moto, dir, id, 2, false)
+    }
+
+    /// A member of a cluster of `shards` shards; with `peer` it runs shards a leader places on
+    /// it. Ports: the coordinator's, one per shard for the scan services, the metrics', the
+    /// peer's, and one per shard after the peer's.
+    fn start_with(
+        etcd: &Etcd,
+        moto: &Moto,
+        dir: &Path,
+        id: &str,
+        shards: u16,
+        peer: bool,
+    ) -> Member {
+        let listen = retina_bench::ports::free_ports(2 * shards + 3);
+        let metrics = listen + shards + 1;
         let log = dir.join(format!("{id}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_retina"))
-            .args(["serve", "--shards", "2", "--lake", "s3://cluster-lake/t"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_retina"));
+        cmd.args(["serve", "--lake", "s3://cluster-lake/t"])
+            .arg("--shards")
+            .arg(shards.to_string())
             .args(["--set", "checkpoint_interval_ms=50", "--follow"])
             .args(["--source", "file:in.json", "--schema", "s.sql"])
             .args(["--cluster", &etcd.url("retina-test"), "--node-id", id])
@@ -134,14 +154,24 @@ impl Member {
             .arg("--listen")
             .arg(format!("127.0.0.1:{listen}"))
             .arg("--metrics")
-            .arg(format!("127.0.0.1:{metrics}"))
+            .arg(format!("127.0.0.1:{metrics}"));
+        if peer {
+            cmd.arg("--peer").arg(format!("127.0.0.1:{}", metrics + 1));
+        }
+        let child = cmd
             .arg("--data-dir")
             .arg(dir.join(id))
             .current_dir(dir)
             .envs(moto.env())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
             .spawn()
             .unwrap();
         Member {
@@ -537,4 +567,180 @@ fn a_leader_that_cannot_write_its_state_hands_over_to_the_standby() {
     });
     assert_eq!(b.table(&moto), source.table());
     assert!(cluster_status(&etcd).contains("leader: b (epoch 2)"));
+}
+
+/// The table after the first `n` transactions of a [`Source`], as `Source::table` prints it.
+fn table_at(n: usize) -> String {
+    let mut s = Source::new();
+    s.txns(n);
+    s.table()
+}
+
+/// The members the current leadership placed shards on, as `retina cluster status` lists
+/// them (its SHARDS column).
+fn placed(status: &str) -> Vec<String> {
+    status
+        .lines()
+        .skip_while(|l| !l.starts_with("nodes:"))
+        .skip(2)
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            (cells.get(4)? != &"-").then(|| cells[0].to_owned())
+        })
+        .collect()
+}
+
+/// Waits until the current leadership placed shards on exactly `nodes` (the members'
+/// logs in the message if it never does).
+fn wait_placed(etcd: &Etcd, nodes: &[&str], members: &[&Member]) -> String {
+    let start = Instant::now();
+    loop {
+        let status = cluster_status(etcd);
+        if placed(&status) == nodes {
+            return status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "shards never placed on {nodes:?}: {status}\n{}",
+            members
+                .iter()
+                .map(|m| m.log())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Queries through several members' addresses, one after another, until stopped: each answer
+/// must be the table after some prefix of the source's transactions (never part of one), and
+/// never fewer transactions than an answer before it.
+struct Checker {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Checker {
+    fn start(ports: Vec<u16>, env: Vec<(&'static str, String)>) -> Checker {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut answers, mut wrong, mut seen) = (0, Vec::new(), 0);
+                for port in ports.iter().cycle() {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let out = Command::new(env!("CARGO_BIN_EXE_retina"))
+                        .args(["sql", "--format", "csv", "--connect"])
+                        .arg(format!("127.0.0.1:{port}"))
+                        .arg("SELECT id, v FROM public.t ORDER BY id")
+                        .envs(env.iter().cloned())
+                        .output()
+                        .unwrap();
+                    // A member starting again answers nothing for a moment.
+                    if !out.status.success() {
+                        continue;
+                    }
+                    let text = String::from_utf8(out.stdout).unwrap();
+                    let n = text.lines().count().saturating_sub(1);
+                    answers += 1;
+                    if text != table_at(n) {
+                        wrong.push(format!("through {port}, {n} rows:\n{text}"));
+                    }
+                    if n < seen {
+                        wrong.push(format!("through {port}: {n} rows after {seen}"));
+                    }
+                    seen = seen.max(n);
+                }
+                (answers, wrong)
+            })
+        };
+        Checker { stop, thread }
+    }
+
+    /// Stops; how many answers there were, after asserting that each was consistent.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (answers, wrong) = self.thread.join().unwrap();
+        assert!(wrong.is_empty(), "inconsistent answers: {wrong:#?}");
+        answers
+    }
+}
+
+#[test]
+fn three_members_run_the_shards_and_a_killed_one_rejoins() {
+    let Some((etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let mut source = Source::new();
+    append(&input, &source.txns(300));
+    let mut a = Member::start_with(&etcd, &moto, dir.path(), "a", 3, true);
+    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    // Members that join a running leader get shards: it starts again from its checkpoint to
+    // place them.
+    let mut b = Member::start_with(&etcd, &moto, dir.path(), "b", 3, true);
+    let mut c = Member::start_with(&etcd, &moto, dir.path(), "c", 3, true);
+    let status = wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
+    assert!(
+        status.contains("placement: 3 shards over 3 nodes"),
+        "{status}"
+    );
+    append(&input, &source.txns(300));
+    a.wait("replay over three members", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    // Transactions span the members (row i and row i/2 on different shards); every answer,
+    // through any member, is one snapshot of all of them.
+    assert_eq!(a.table(&moto), source.table());
+    assert_eq!(b.table(&moto), source.table());
+    let checker = Checker::start(vec![a.listen, b.listen, c.listen], moto.env());
+
+    // A member running a shard is killed during replay: the leader starts again over the
+    // members left once its lease expires, and replay goes on.
+    append(&input, &source.txns(300));
+    std::thread::sleep(Duration::from_millis(200));
+    c.kill();
+    append(&input, &source.txns(300));
+    wait_placed(&etcd, &["a", "b"], &[&a, &b]);
+    a.wait("replay over two members", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    assert_eq!(a.table(&moto), source.table());
+
+    // Started again, it gets shards again.
+    c = Member::start_with(&etcd, &moto, dir.path(), "c", 3, true);
+    wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
+    append(&input, &source.txns(300));
+    a.wait("replay over three members again", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    assert_eq!(c.table(&moto), source.table());
+    let log = a.log();
+    assert!(
+        log.contains("starting again from the newest checkpoint"),
+        "the leader started again when it lost c: {log}"
+    );
+
+    // The leader is killed: a member that ran shards for it leads, over the members left.
+    append(&input, &source.txns(300));
+    a.kill();
+    append(&input, &source.txns(300));
+    let status = wait_placed(&etcd, &["b", "c"], &[&b, &c]);
+    let leader = if status.contains("leader: b") {
+        &mut b
+    } else {
+        &mut c
+    };
+    leader.wait("the new leader to catch up", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    let answers = checker.stop();
+    eprintln!("{answers} consistent answers");
+    assert!(answers > 0, "no query answered");
+    assert_eq!(
+        sql_at_leader(&etcd, &moto, "SELECT id, v FROM public.t ORDER BY id"),
+        source.table()
+    );
 }

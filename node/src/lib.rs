@@ -14,6 +14,7 @@ pub mod lake;
 pub mod metrics;
 pub mod node;
 pub mod recovery;
+pub mod remote;
 pub mod rpc;
 pub mod settings;
 pub mod shard;

@@ -44,7 +44,7 @@ pub use crate::status::{IoKind, NodeStatus, QueueProbe, ShardMemory};
 const COORD_QUEUE: usize = 1024;
 /// io_uring buffer memory each executor registers (locked memory). Small, so a node runs under
 /// a non-root user's default 8 MiB memlock limit; raise it when shards do DMA file I/O.
-const EXECUTOR_IO_MEMORY: usize = 512 << 10;
+pub(crate) const EXECUTOR_IO_MEMORY: usize = 512 << 10;
 
 /// What the node needs to start.
 pub struct NodeOptions {
@@ -90,6 +90,8 @@ pub struct Node {
     scan_addrs: Vec<std::net::SocketAddr>,
     coordinator: Option<glommio::ExecutorJoinHandle<()>>,
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
+    /// The threads of the shards other members run ([`crate::remote::proxy`]).
+    remote: Vec<std::thread::JoinHandle<()>>,
     io_thread: Option<std::thread::JoinHandle<()>>,
     io: flume::Sender<IoRequest>,
 }
@@ -270,12 +272,36 @@ impl Node {
             None => None,
         };
 
+        // A cluster's leader places the shards over the members that run them, and connects
+        // to each for its shards.
+        let mut remote = match &options.cluster {
+            Some(member) => crate::remote::place(
+                member,
+                shards,
+                &crate::remote::Hello {
+                    epoch,
+                    shards,
+                    window: settings.shard_queue_batches as u64,
+                    checkpoints: settings.checkpoint_interval_ms > 0,
+                    checkpoint: persisted.checkpoint.map(|c| (c.id, c.ts)),
+                    catalog: options.catalog.describe(),
+                },
+            )?,
+            None => Vec::new(),
+        };
+        remote.resize_with(shards.into(), || None);
+
         // Each shard's scan service: the ports after the coordinator's (any free port when the
-        // coordinator's is 0), on the same host.
+        // coordinator's is 0), on the same host; a remote shard's is on its member.
         let mut scan_listeners = Vec::new();
         let mut scan_addrs = Vec::new();
         if let Some(base) = listening {
             for id in 0..shards {
+                if let Some(conn) = &remote[usize::from(id)] {
+                    scan_addrs.push(conn.scan);
+                    scan_listeners.push(None);
+                    continue;
+                }
                 let mut addr = base;
                 if base.port() != 0 {
                     addr.set_port(base.port() + 1 + id);
@@ -386,10 +412,31 @@ impl Node {
 
         // Shards.
         let watermarks = Watermarks::resumed(persisted.checkpoint.map_or(0, |c| c.id), resume_ts);
+        let mut remote_threads = Vec::new();
         for id in 0..shards {
             let data = shard_rxs.next().expect("a queue per shard");
             let control = control_rxs.next().expect("a queue per shard");
-            let mut shard = match recovered.next() {
+            let restored = recovered.next();
+            if let Some(conn) = remote[usize::from(id)].take() {
+                // Its state is the member's, restored there from the same checkpoint.
+                drop(restored);
+                let _ = scan_listeners.next();
+                let threads = crate::remote::proxy::spawn(
+                    conn,
+                    data,
+                    control,
+                    coord_tx.clone(),
+                    status.clone(),
+                    settings.shard_queue_batches as u64,
+                )
+                .map_err(|e| NodeError::Executor {
+                    what: format!("the connection of shard {id}"),
+                    reason: e.to_string(),
+                })?;
+                remote_threads.extend(threads);
+                continue;
+            }
+            let mut shard = match restored {
                 Some(s) => s,
                 None => {
                     let mut s = Shard::new(id, settings.storage())?;
@@ -448,6 +495,7 @@ impl Node {
             _lock: lock,
             coordinator,
             executors,
+            remote: remote_threads,
             io_thread: Some(io_thread),
             io: io_tx,
         })
@@ -475,6 +523,10 @@ impl Node {
         }
         for e in self.executors.drain(..) {
             let _ = e.join();
+        }
+        // A remote shard's connection ends once its member stopped the shard.
+        for t in self.remote.drain(..) {
+            let _ = t.join();
         }
         let (tx, rx) = flume::bounded(1);
         if self.handle.coord.send(CoordMsg::Stop { reply: tx }).is_ok() {

@@ -143,8 +143,16 @@ pub fn adopt_cluster_checkpoint(
 ) -> Result<(), NodeError> {
     let local = persisted.checkpoint;
     let hwm = persisted.hwm.max(cluster.hwm);
+    // Shards that ran on other members wrote their images to the lake only.
+    let images_missing = |record: &crate::coordinator::CheckpointRecord| {
+        (0..record.shards).any(|n| {
+            !checkpoint_dir(data_dir, record.id)
+                .join(format!("shard-{n}.ckpt"))
+                .exists()
+        })
+    };
     match cluster.checkpoint {
-        Some(record) if local != Some(record) => {
+        Some(record) if local != Some(record) || images_missing(&record) => {
             tracing::info!(
                 "recovering from checkpoint {} recorded by the cluster, from the lake {} (the \
                  data directory has {})",

@@ -106,6 +106,9 @@ pub struct NodeStatus {
     /// or another node leads), not of the source's: in a cluster, another member should take
     /// over.
     pub failed_here: AtomicBool,
+    /// A cluster's leader lost the connection to a member running one of its shards (see
+    /// [`crate::remote`]): it starts again from the newest checkpoint.
+    pub host_lost: AtomicBool,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
     /// A cluster's leader: the epoch of its leadership (0: a node on its own).

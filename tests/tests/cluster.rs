@@ -32,8 +32,8 @@ fn only_the_leader_writes_the_state_and_each_leadership_has_a_new_epoch() {
     let Some(etcd) = Etcd::start() else { return };
     let spec: ClusterSpec = etcd.url("fence").parse().unwrap();
     let ttl = Duration::from_secs(2);
-    let one = Member::join(&spec, "one", "127.0.0.1:1", ttl).unwrap();
-    let two = Member::join(&spec, "two", "127.0.0.1:2", ttl).unwrap();
+    let one = Member::join(&spec, "one", "127.0.0.1:1", None, ttl).unwrap();
+    let two = Member::join(&spec, "two", "127.0.0.1:2", None, ttl).unwrap();
     assert_eq!(one.load_state().unwrap(), None);
     assert_eq!(one.lead().unwrap(), 1);
     block_on(one.save_state(&state(10, 1 << 32))).unwrap();
@@ -64,12 +64,12 @@ fn only_the_leader_writes_the_state_and_each_leadership_has_a_new_epoch() {
     assert_eq!(s.nodes[0].1.advertise, "127.0.0.1:2");
 
     // Only the leader reads the state to lead from it.
-    let three = Member::join(&spec, "three", "127.0.0.1:3", ttl).unwrap();
+    let three = Member::join(&spec, "three", "127.0.0.1:3", None, ttl).unwrap();
     assert!(three.load_state_to_lead().is_err());
     assert_eq!(two.load_state_to_lead().unwrap(), Some(state(13, 2 << 32)));
 
     // A node id a live member holds is refused, naming where that member is.
-    let e = Member::join(&spec, "three", "127.0.0.1:4", ttl)
+    let e = Member::join(&spec, "three", "127.0.0.1:4", None, ttl)
         .err()
         .expect("`three` is live")
         .to_string();
@@ -78,7 +78,7 @@ fn only_the_leader_writes_the_state_and_each_leadership_has_a_new_epoch() {
     // One that stopped without leaving (a crash) is waited for until its lease expires, then
     // taken over; the leadership went with the lease.
     drop(two);
-    let again = Member::join(&spec, "two", "127.0.0.1:5", ttl).unwrap();
+    let again = Member::join(&spec, "two", "127.0.0.1:5", None, ttl).unwrap();
     let s = Member::snapshot(&spec).unwrap();
     assert_eq!(s.leader, None, "the crashed leader's lease expired");
     assert_eq!(again.lead().unwrap(), 3);
@@ -88,7 +88,7 @@ fn only_the_leader_writes_the_state_and_each_leadership_has_a_new_epoch() {
 fn a_cluster_that_cannot_be_reached_is_an_error_naming_it() {
     let port = retina_bench::ports::free_port();
     let spec: ClusterSpec = format!("etcd://127.0.0.1:{port}/x").parse().unwrap();
-    let e = Member::join(&spec, "n", "127.0.0.1:1", Duration::from_secs(2))
+    let e = Member::join(&spec, "n", "127.0.0.1:1", None, Duration::from_secs(2))
         .err()
         .expect("nothing listens there")
         .to_string();

@@ -10,6 +10,8 @@
 //! - `P/state`: the coordinator's durable state (the newest complete checkpoint and the HWM
 //!   queries may have seen), written only by the leader: every write compares `P/leader` with
 //!   the writer's id and lease, so a deposed leader's writes fail.
+//! - `P/placement`: which node runs each shard, as the leader placed them when it started
+//!   ([`Placement`]), written under the same comparison.
 //!
 //! Requests block; the lease is kept alive, and the entry refreshed, on threads of the member's
 //! own, and the coordinator's writes go through a worker thread, so that its executor never
@@ -45,6 +47,8 @@ pub enum ClusterError {
         key: String,
         reason: String,
     },
+    #[error("cluster {cluster}: placing the shards: {reason}")]
+    Placement { cluster: String, reason: String },
     #[error(transparent)]
     LeaseLost(#[from] LeaseLost),
 }
@@ -54,6 +58,9 @@ pub enum ClusterError {
 pub struct NodeEntry {
     /// Where its coordinator's Cap'n Proto service is reached.
     pub advertise: String,
+    /// Where a leader reaches it to run shards on it (empty: it runs none but its own when it
+    /// leads); see [`crate::remote`].
+    pub peer: String,
     /// `leader` or `standby`.
     pub role: String,
     /// Its leadership's epoch (0 for a standby).
@@ -69,9 +76,10 @@ pub struct NodeEntry {
 impl NodeEntry {
     fn encode(&self) -> String {
         format!(
-            "advertise={}\nrole={}\nepoch={}\nhwm={}\ncheckpoint_id={}\ncheckpoint_ts={}\n\
-             txns_applied={}\njoined_ms={}\n",
+            "advertise={}\npeer={}\nrole={}\nepoch={}\nhwm={}\ncheckpoint_id={}\n\
+             checkpoint_ts={}\ntxns_applied={}\njoined_ms={}\n",
             self.advertise,
+            self.peer,
             self.role,
             self.epoch,
             self.hwm,
@@ -94,6 +102,7 @@ impl NodeEntry {
             };
             match k {
                 "advertise" => e.advertise = v.to_owned(),
+                "peer" => e.peer = v.to_owned(),
                 "role" => e.role = v.to_owned(),
                 "epoch" => e.epoch = num()?,
                 "hwm" => e.hwm = num()?,
@@ -117,6 +126,56 @@ pub struct Snapshot {
     pub state: Option<Persisted>,
     /// Every live node: its id, entry and the seconds left on its lease.
     pub nodes: Vec<(String, NodeEntry, i64)>,
+    /// Where the leader placed the shards (`None`: no leader placed them yet).
+    pub placement: Option<Placement>,
+}
+
+/// Which node runs each shard, as a leader placed them: shard `k` runs on `owners[k]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The leadership that placed them.
+    pub epoch: u64,
+    pub owners: Vec<String>,
+}
+
+impl Placement {
+    /// Shard `k` on `nodes[k % nodes.len()]`: the leader first, then the hosts.
+    pub fn round_robin(epoch: u64, shards: u16, nodes: &[String]) -> Placement {
+        Placement {
+            epoch,
+            owners: (0..usize::from(shards))
+                .map(|k| nodes[k % nodes.len()].clone())
+                .collect(),
+        }
+    }
+
+    /// `epoch=E` then `K=NODE` per shard, a line each.
+    pub fn encode(&self) -> String {
+        let mut s = format!("epoch={}\n", self.epoch);
+        for (k, owner) in self.owners.iter().enumerate() {
+            s.push_str(&format!("{k}={owner}\n"));
+        }
+        s
+    }
+
+    pub fn decode(text: &str) -> Result<Placement, String> {
+        let mut p = Placement::default();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| format!("line `{line}` is not key=value"))?;
+            if k == "epoch" {
+                p.epoch = v.parse().map_err(|_| format!("`{v}` is not an epoch"))?;
+                continue;
+            }
+            let shard: usize = k.parse().map_err(|_| format!("`{k}` is not a shard"))?;
+            if shard != p.owners.len() {
+                return Err(format!("shard {shard} is out of order"));
+            }
+            p.owners.push(v.to_owned());
+        }
+        Ok(p)
+    }
 }
 
 /// This node's membership: its lease, kept alive on a thread of its own, and its entry.
@@ -136,6 +195,8 @@ pub struct Member {
     writes: flume::Sender<Box<dyn FnOnce() + Send>>,
     /// Stops the member's threads.
     stop: Arc<AtomicBool>,
+    /// The nodes this leader last placed the shards over.
+    placed_over: Mutex<Vec<String>>,
 }
 
 fn now_unix_ms() -> u64 {
@@ -182,6 +243,7 @@ impl Member {
         spec: &ClusterSpec,
         node_id: &str,
         advertise: &str,
+        peer: Option<&str>,
         ttl: Duration,
     ) -> Result<Arc<Member>, ClusterError> {
         let etcd = Arc::new(Gateway::new(&spec.endpoints));
@@ -206,6 +268,7 @@ impl Member {
             clock: clock.clone(),
             entry: Arc::new(Mutex::new(NodeEntry {
                 advertise: advertise.to_owned(),
+                peer: peer.unwrap_or_default().to_owned(),
                 role: "standby".into(),
                 joined_ms: now_unix_ms(),
                 ..NodeEntry::default()
@@ -215,6 +278,7 @@ impl Member {
             lost,
             writes,
             stop: stop.clone(),
+            placed_over: Mutex::new(Vec::new()),
         };
         {
             let (etcd, stop) = (etcd.clone(), stop.clone());
@@ -530,6 +594,123 @@ impl Member {
         }
     }
 
+    /// The other live members that run shards (their id and `peer` address), by id.
+    pub fn hosts(&self) -> Result<Vec<(String, String)>, ClusterError> {
+        let prefix = self.key("nodes/");
+        let kvs = self
+            .etcd
+            .range(&prefix, true)
+            .map_err(|e| self.etcd_err("listing the nodes", e))?;
+        let mut hosts = Vec::new();
+        for kv in kvs {
+            let id = kv.key.strip_prefix(&prefix).unwrap_or(&kv.key).to_owned();
+            let entry = NodeEntry::decode(&kv.value).map_err(|reason| ClusterError::Corrupt {
+                cluster: self.spec.to_string(),
+                key: kv.key.clone(),
+                reason,
+            })?;
+            if id != self.node_id && !entry.peer.is_empty() {
+                hosts.push((id, entry.peer));
+            }
+        }
+        hosts.sort();
+        Ok(hosts)
+    }
+
+    /// The nodes this leader last placed the shards over (itself first).
+    pub fn placed_over(&self) -> Vec<String> {
+        self.placed_over.lock().expect("placement lock").clone()
+    }
+
+    /// Records where this leader placed the shards over `nodes`, if it still leads.
+    pub fn save_placement(
+        &self,
+        placement: &Placement,
+        nodes: &[String],
+    ) -> Result<(), ClusterError> {
+        let leader_key = self.key("leader");
+        let (leads, _) = self
+            .etcd
+            .txn(
+                vec![
+                    cmp_value(&leader_key, &self.node_id),
+                    cmp_lease(&leader_key, self.lease),
+                ],
+                vec![put(&self.key("placement"), &placement.encode(), None)],
+                vec![],
+            )
+            .map_err(|e| self.etcd_err("recording the placement", e))?;
+        if !leads {
+            return Err(LeaseLost.into());
+        }
+        *self.placed_over.lock().expect("placement lock") = nodes.to_vec();
+        Ok(())
+    }
+
+    /// A leader that starts its node again (a shard host was lost) takes the next epoch, so
+    /// that nothing it writes from now on has the name of something the run before wrote.
+    pub fn next_epoch(&self) -> Result<u64, ClusterError> {
+        let leader_key = self.key("leader");
+        let epoch_key = self.key("epoch");
+        loop {
+            if self.clock.is_lost() {
+                return Err(LeaseLost.into());
+            }
+            let kv = self
+                .etcd
+                .range(&epoch_key, false)
+                .map_err(|e| self.etcd_err("reading the epoch", e))?;
+            let Some(kv) = kv.into_iter().next() else {
+                return Err(LeaseLost.into());
+            };
+            let epoch: u64 = kv.value.parse().map_err(|_| ClusterError::Corrupt {
+                cluster: self.spec.to_string(),
+                key: epoch_key.clone(),
+                reason: format!("`{}` is not an epoch number", kv.value),
+            })?;
+            if epoch + 1 > super::MAX_EPOCH {
+                return Err(ClusterError::Corrupt {
+                    cluster: self.spec.to_string(),
+                    key: epoch_key,
+                    reason: format!(
+                        "{epoch} leaderships used up the {} a cluster can have: start the \
+                         cluster on a new prefix",
+                        super::MAX_EPOCH
+                    ),
+                });
+            }
+            let (done, answers) = self
+                .etcd
+                .txn(
+                    vec![
+                        cmp_value(&leader_key, &self.node_id),
+                        cmp_lease(&leader_key, self.lease),
+                        cmp_value(&epoch_key, &kv.value),
+                    ],
+                    vec![put(&epoch_key, &(epoch + 1).to_string(), None)],
+                    vec![range(&leader_key)],
+                )
+                .map_err(|e| self.etcd_err("raising the epoch", e))?;
+            if done {
+                self.epoch.store(epoch + 1, Ordering::Release);
+                self.entry.lock().expect("entry lock").epoch = epoch + 1;
+                return Ok(epoch + 1);
+            }
+            let leader = answers
+                .first()
+                .map(super::gateway::range_response)
+                .transpose()
+                .map_err(|e| self.etcd_err("raising the epoch", e))?
+                .and_then(|kvs| kvs.into_iter().next());
+            if !leader.is_some_and(|l| l.value == self.node_id && l.lease == self.lease) {
+                return Err(LeaseLost.into());
+            }
+            // The epoch moved under this leader: only this leader raises it, so this request
+            // committed before its answer was lost. Read it again; the next try raises it once
+            // more, which only skips an epoch.
+        }
+    }
+
     /// Leaves the cluster: revokes the lease, which removes the node's entry and, if it
     /// leads, the leadership, so that a standby takes over at once.
     /// Once only; nothing to revoke once the lease is lost.
@@ -585,7 +766,7 @@ impl Member {
             reason,
         };
         let nodes_prefix = key(spec, "nodes/");
-        let [leader, epoch, state, listed] = read_together(
+        let [leader, epoch, state, listed, placement] = read_together(
             spec,
             "reading the cluster's keys",
             [
@@ -593,6 +774,7 @@ impl Member {
                 range(&key(spec, "epoch")),
                 range(&key(spec, "state")),
                 super::gateway::range_prefix(&nodes_prefix),
+                range(&key(spec, "placement")),
             ],
         )?;
         let one = |kvs: Vec<Kv>| kvs.into_iter().next().map(|kv| kv.value);
@@ -606,6 +788,10 @@ impl Member {
         };
         let state = one(state)
             .map(|t| decode_state(spec, &key(spec, "state"), &t))
+            .transpose()?;
+        let placement_key = key(spec, "placement");
+        let placement = one(placement)
+            .map(|t| Placement::decode(&t).map_err(|r| corrupt(&placement_key, r)))
             .transpose()?;
         let etcd = Gateway::new(&spec.endpoints);
         let mut nodes = Vec::new();
@@ -624,6 +810,7 @@ impl Member {
             epoch,
             state,
             nodes,
+            placement,
         })
     }
 }
@@ -794,6 +981,7 @@ mod tests {
     fn a_node_entry_reads_back() {
         let e = NodeEntry {
             advertise: "10.0.0.1:7400".into(),
+            peer: "10.0.0.1:7500".into(),
             role: "leader".into(),
             epoch: 3,
             hwm: 1234,
@@ -805,5 +993,14 @@ mod tests {
         assert_eq!(NodeEntry::decode(&e.encode()).unwrap(), e);
         assert!(NodeEntry::decode("role").unwrap_err().contains("key=value"));
         assert!(NodeEntry::decode("hwm=x").unwrap_err().contains("`hwm`"));
+    }
+
+    #[test]
+    fn a_placement_reads_back() {
+        let nodes = ["n1".to_owned(), "n2".to_owned(), "n3".to_owned()];
+        let p = Placement::round_robin(4, 5, &nodes);
+        assert_eq!(p.owners, ["n1", "n2", "n3", "n1", "n2"]);
+        assert_eq!(Placement::decode(&p.encode()).unwrap(), p);
+        assert!(Placement::decode("1=n1").unwrap_err().contains("order"));
     }
 }

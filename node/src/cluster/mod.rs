@@ -26,7 +26,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub use etcd::{ClusterError, Member, NodeEntry, Snapshot};
+pub use etcd::{ClusterError, Member, NodeEntry, Placement, Snapshot};
 pub use store::{MetaStore, SaveError};
 
 /// Where a cluster's metadata lives: `etcd://HOST:PORT[,HOST:PORT...]/PREFIX`.
