@@ -72,51 +72,73 @@ fn status(spec: &ClusterSpec) -> anyhow::Result<String> {
             "CHECKPOINT",
             "TXNS_APPLIED",
         ]
-        .map(str::to_owned),
+        .map(str::to_owned)
+        .to_vec(),
     ];
+    // The placement of the current leadership (an older one's is history).
+    let placement = s.placement.as_ref().filter(|p| p.epoch == s.epoch);
     for (id, e, ttl) in &s.nodes {
         let leads = e.role == "leader";
         let num = |n: u64| if leads { n.to_string() } else { "-".into() };
-        // The shards the placement puts on the node (only a leadership's own is current).
-        let shards: Vec<String> = s
-            .placement
+        let shards: Vec<String> = placement
             .iter()
-            .filter(|p| p.epoch == s.epoch)
             .flat_map(|p| p.owners.iter().enumerate())
             .filter(|(_, owner)| *owner == id)
             .map(|(k, _)| k.to_string())
             .collect();
-        rows.push([
+        let or_dash = |v: String| if v.is_empty() { "-".to_owned() } else { v };
+        rows.push(vec![
             id.clone(),
             e.role.clone(),
             e.advertise.clone(),
-            if e.peer.is_empty() {
-                "-".into()
-            } else {
-                e.peer.clone()
-            },
-            if shards.is_empty() {
-                "-".into()
-            } else {
-                shards.join(",")
-            },
+            or_dash(e.peer.clone()),
+            or_dash(shards.join(",")),
             ttl.to_string(),
             num(e.hwm),
             num(e.checkpoint_id),
             num(e.txns_applied),
         ]);
     }
+    out += &format!("nodes: {}\n", s.nodes.len());
+    table(&mut out, rows);
+    // Each shard's progress, as the leader's coordinator last heard it: HWM is the lowest.
+    let leader = s.nodes.iter().find(|(_, e, _)| e.role == "leader");
+    if let Some((_, e, _)) = leader.filter(|(_, e, _)| !e.applied.is_empty()) {
+        let newest = e.applied.iter().copied().max().unwrap_or(0);
+        let mut rows = vec![
+            ["SHARD", "NODE", "APPLIED_TS", "BEHIND_NEWEST"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        for (k, applied) in e.applied.iter().enumerate() {
+            let node = placement
+                .and_then(|p| p.owners.get(k))
+                .cloned()
+                .unwrap_or_else(|| "-".into());
+            rows.push(vec![
+                k.to_string(),
+                node,
+                applied.to_string(),
+                (newest - applied).to_string(),
+            ]);
+        }
+        out += &format!("shards: {}\n", e.applied.len());
+        table(&mut out, rows);
+    }
+    Ok(out)
+}
+
+/// `rows` as aligned columns, indented.
+fn table(out: &mut String, rows: Vec<Vec<String>>) {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
-    out += &format!("nodes: {}\n", s.nodes.len());
     for r in rows {
         let cells: Vec<String> = r
             .iter()
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        out += &format!("  {}\n", cells.join("  ").trim_end());
+        *out += &format!("  {}\n", cells.join("  ").trim_end());
     }
-    Ok(out)
 }

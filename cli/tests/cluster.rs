@@ -302,6 +302,7 @@ fn roles(status: &str) -> Vec<(String, String)> {
         .lines()
         .skip_while(|l| !l.starts_with("nodes:"))
         .skip(2)
+        .take_while(|l| l.starts_with("  "))
         .filter_map(|l| {
             let mut cells = l.split_whitespace();
             Some((cells.next()?.to_owned(), cells.next()?.to_owned()))
@@ -583,6 +584,7 @@ fn placed(status: &str) -> Vec<String> {
         .lines()
         .skip_while(|l| !l.starts_with("nodes:"))
         .skip(2)
+        .take_while(|l| l.starts_with("  "))
         .filter_map(|l| {
             let cells: Vec<&str> = l.split_whitespace().collect();
             (cells.get(4)? != &"-").then(|| cells[0].to_owned())
@@ -593,15 +595,27 @@ fn placed(status: &str) -> Vec<String> {
 /// Waits until the current leadership placed shards on exactly `nodes` (the members'
 /// logs in the message if it never does).
 fn wait_placed(etcd: &Etcd, nodes: &[&str], members: &[&Member]) -> String {
+    wait_status(etcd, &format!("shards placed on {nodes:?}"), members, |s| {
+        placed(s) == nodes
+    })
+}
+
+/// Waits until `retina cluster status` says what `done` looks for.
+fn wait_status(
+    etcd: &Etcd,
+    what: &str,
+    members: &[&Member],
+    done: impl Fn(&str) -> bool,
+) -> String {
     let start = Instant::now();
     loop {
         let status = cluster_status(etcd);
-        if placed(&status) == nodes {
+        if done(&status) {
             return status;
         }
         assert!(
             start.elapsed() < Duration::from_secs(120),
-            "shards never placed on {nodes:?}: {status}\n{}",
+            "never {what}: {status}\n{}",
             members
                 .iter()
                 .map(|m| m.log())

@@ -327,6 +327,17 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     }
     let _ = writeln!(
         out,
+        "# HELP retina_shard_applied_ts The timestamp each shard applied through, wherever it runs.\n# TYPE retina_shard_applied_ts gauge"
+    );
+    for (i, a) in s.shard_applied.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "retina_shard_applied_ts{{shard=\"{i}\"}} {}",
+            a.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
         "# HELP retina_memory_bytes Memory by shard and structure.\n# TYPE retina_memory_bytes gauge"
     );
     for (i, m) in s.shard_memory.iter().enumerate() {

@@ -84,6 +84,8 @@ pub struct NodeStatus {
     /// The timestamp it was taken at.
     pub checkpoint_ts: AtomicU64,
     pub shard_memory: Vec<ShardMemory>,
+    /// What each shard reported it applied through (wherever it runs), as the coordinator heard.
+    pub shard_applied: Vec<AtomicU64>,
     pub source_done: AtomicBool,
     /// Records the source holds that the sink has not read yet (Kafka: over every partition,
     /// its high watermark less the next offset to read; 0 for a file).
@@ -127,6 +129,7 @@ impl NodeStatus {
             lwm: AtomicU64::new(Timestamp::GENESIS.get()),
             retain_lwm: AtomicU64::new(Timestamp::GENESIS.get()),
             shard_memory: (0..shards).map(|_| ShardMemory::default()).collect(),
+            shard_applied: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             ..Default::default()
         }
     }

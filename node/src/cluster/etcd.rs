@@ -69,6 +69,8 @@ pub struct NodeEntry {
     pub checkpoint_id: u64,
     pub checkpoint_ts: u64,
     pub txns_applied: u64,
+    /// A leader: what each shard applied through, by shard.
+    pub applied: Vec<u64>,
     /// When the node joined, in milliseconds since the Unix epoch.
     pub joined_ms: u64,
 }
@@ -77,7 +79,7 @@ impl NodeEntry {
     fn encode(&self) -> String {
         format!(
             "advertise={}\npeer={}\nrole={}\nepoch={}\nhwm={}\ncheckpoint_id={}\n\
-             checkpoint_ts={}\ntxns_applied={}\njoined_ms={}\n",
+             checkpoint_ts={}\ntxns_applied={}\napplied={}\njoined_ms={}\n",
             self.advertise,
             self.peer,
             self.role,
@@ -86,6 +88,11 @@ impl NodeEntry {
             self.checkpoint_id,
             self.checkpoint_ts,
             self.txns_applied,
+            self.applied
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             self.joined_ms
         )
     }
@@ -109,6 +116,13 @@ impl NodeEntry {
                 "checkpoint_id" => e.checkpoint_id = num()?,
                 "checkpoint_ts" => e.checkpoint_ts = num()?,
                 "txns_applied" => e.txns_applied = num()?,
+                "applied" => {
+                    e.applied = v
+                        .split(',')
+                        .filter(|t| !t.is_empty())
+                        .map(|t| t.parse().map_err(|_| format!("`applied` has `{t}`")))
+                        .collect::<Result<_, _>>()?
+                }
                 "joined_ms" => e.joined_ms = num()?,
                 // Written by a newer version: ignored.
                 _ => {}
@@ -956,6 +970,9 @@ fn publish(
                 e.checkpoint_id = s.checkpoint_id.load(Ordering::Relaxed);
                 e.checkpoint_ts = s.checkpoint_ts.load(Ordering::Relaxed);
                 e.txns_applied = s.txns_applied.load(Ordering::Relaxed);
+                e.applied = (s.shard_applied.iter())
+                    .map(|a| a.load(Ordering::Relaxed))
+                    .collect();
             }
             e.encode()
         };
@@ -988,6 +1005,7 @@ mod tests {
             checkpoint_id: (3 << 32) + 2,
             checkpoint_ts: 1200,
             txns_applied: 99,
+            applied: vec![1200, 1234],
             joined_ms: 1_700_000_000_000,
         };
         assert_eq!(NodeEntry::decode(&e.encode()).unwrap(), e);

@@ -187,6 +187,9 @@ impl CoordinatorActor {
     }
 
     fn on_applied(&mut self, shard: u16, ts: Timestamp) {
+        if let Some(a) = self.status.shard_applied.get(usize::from(shard)) {
+            a.fetch_max(ts.get(), Ordering::Relaxed);
+        }
         match self.state.applied(shard, ts) {
             Ok(Some(hwm)) => {
                 self.status.hwm.store(hwm.get().get(), Ordering::Release);
