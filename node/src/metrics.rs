@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 28] = [
+    let metrics: [(&str, &str, &str, String); 29] = [
         (
             "retina_hwm",
             "gauge",
@@ -159,8 +159,14 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
         (
             "retina_rows_applied_total",
             "counter",
-            "Row operations the shards applied.",
+            "Row operations the shards in this process applied.",
             load(&s.rows_applied),
+        ),
+        (
+            "retina_remote_batch_bytes_total",
+            "counter",
+            "Bytes of batches a cluster's leader sent to shards other members run.",
+            load(&s.remote_batch_bytes),
         ),
         (
             "retina_rows_per_second",

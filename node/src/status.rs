@@ -111,6 +111,8 @@ pub struct NodeStatus {
     /// A cluster's leader lost the connection to a member running one of its shards (see
     /// [`crate::remote`]): it starts again from the newest checkpoint.
     pub host_lost: AtomicBool,
+    /// Bytes of batches sent to shards other members run (frames' bodies).
+    pub remote_batch_bytes: AtomicU64,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
     /// A cluster's leader: the epoch of its leadership (0: a node on its own).

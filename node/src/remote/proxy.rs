@@ -155,6 +155,8 @@ pub fn spawn(
                         Some(ShardMsg::Apply(bytes)) if credit > 0 => {
                             credit -= 1;
                             out.status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
+                            (out.status.remote_batch_bytes)
+                                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                             if !out.frame(Kind::Apply, &bytes) {
                                 break;
                             }
