@@ -71,6 +71,8 @@ pub struct ShardActor {
     /// Set once a transaction fails: the shard applies nothing after it, but still answers
     /// reads.
     stopped: bool,
+    /// Checkpoint images being written: the actor waits for them before it ends.
+    writing: Rc<std::cell::Cell<usize>>,
 }
 
 impl ShardActor {
@@ -135,6 +137,7 @@ impl ShardActor {
             watermarks: setup.watermarks,
             queries,
             stopped: false,
+            writing: Rc::default(),
         };
         let mut control_open = true;
         while let Some(msg) = next(&control, &data, &mut control_open).await {
@@ -142,6 +145,10 @@ impl ShardActor {
                 break;
             }
             glommio::yield_if_needed().await;
+        }
+        // The last checkpoint's images are written before the shard reports that it stopped.
+        while actor.writing.get() > 0 {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         if let Some(scan) = scan {
             scan.cancel().await;
@@ -472,66 +479,61 @@ impl ShardActor {
             .await;
     }
 
-    /// Writes this shard's image of checkpoint `id` and reports whether it is durable.
+    /// Takes this shard's image of checkpoint `id` now (the barrier comes right after the
+    /// batch through `ts`, so the shard is exactly at `ts`), then writes it durably (and to a
+    /// remote lake) in a task of its own, which reports to the coordinator: the shard goes on
+    /// applying meanwhile, so an upload's latency never stalls replay.
     async fn on_checkpoint(&mut self, id: u64, ts: Timestamp) {
-        let ok = !self.stopped && self.write_checkpoint(id, ts).await;
-        let _ = self
-            .coord
-            .send_async(CoordMsg::CheckpointDone {
-                id,
-                shard: self.id,
-                ok,
-            })
-            .await;
+        let image = if self.stopped {
+            None
+        } else {
+            self.checkpoint_image(id, ts).await
+        };
+        let coord = self.coord.clone();
+        let shard = self.id;
+        let Some(bytes) = image else {
+            let _ = coord
+                .send_async(CoordMsg::CheckpointDone {
+                    id,
+                    shard,
+                    ok: false,
+                })
+                .await;
+            return;
+        };
+        let path = checkpoint_dir(&self.data_dir, id).join(format!("shard-{shard}.ckpt"));
+        let lake = self.lake_checkpoints.clone();
+        let writing = self.writing.clone();
+        writing.set(writing.get() + 1);
+        glommio::spawn_local(async move {
+            let ok = write_checkpoint(shard, id, &path, bytes, lake.as_ref(), &coord).await;
+            let _ = coord
+                .send_async(CoordMsg::CheckpointDone { id, shard, ok })
+                .await;
+            writing.set(writing.get() - 1);
+        })
+        .detach();
     }
 
-    /// Writes this shard's image of checkpoint `id` durably; false if it could not. The
-    /// barrier comes right after the batch through `ts`, so the shard is exactly at `ts`. A
-    /// failed write poisons the node: it stops rather than carry on with a checkpoint it
-    /// cannot trust.
-    async fn write_checkpoint(&mut self, id: u64, ts: Timestamp) -> bool {
+    /// This shard's image of checkpoint `id`, encoded; `None` if the shard is not at `ts` (the
+    /// checkpoint is skipped) or could not encode it (the node fails).
+    async fn checkpoint_image(&mut self, id: u64, ts: Timestamp) -> Option<Vec<u8>> {
         if self.shard.applied_through() != ts {
             tracing::warn!(
                 "shard {}: checkpoint {id} at {ts} skipped: applied through {}",
                 self.id,
                 self.shard.applied_through()
             );
-            return false;
+            return None;
         }
-        let path = checkpoint_dir(&self.data_dir, id).join(format!("shard-{}.ckpt", self.id));
-        let bytes = match self.shard.checkpoint(id).and_then(|image| image.encode()) {
-            Ok(b) => b,
+        match self.shard.checkpoint(id).and_then(|image| image.encode()) {
+            Ok(b) => Some(b),
             Err(e) => {
                 let error = format!("shard {}: checkpoint {id}: {e}", self.id);
                 self.fail_node(error).await;
-                return false;
-            }
-        };
-        if let Err(e) = crate::durable::write_file(&path, &bytes).await {
-            let error = format!(
-                "shard {}: writing {}: {e}; the node stops rather than trust a partial \
-                 checkpoint",
-                self.id,
-                path.display()
-            );
-            self.fail_node(error).await;
-            return false;
-        }
-        // A remote lake keeps a copy, for a node on another machine. An upload that fails
-        // (after the store's retries) fails only this checkpoint: the next one tries again,
-        // and until one completes nothing the previous one reads is deleted.
-        if let Some(lake) = &self.lake_checkpoints {
-            let name = format!("shard-{}.ckpt", self.id);
-            if let Err(e) = lake.put(id, &name, bytes.into()).await {
-                tracing::warn!(
-                    "shard {}: checkpoint {id} not uploaded to the lake, so it does not \
-                     complete: {e}",
-                    self.id
-                );
-                return false;
+                None
             }
         }
-        true
     }
 
     fn on_flushed(&mut self, table: TableId, block: BlockId, result: Result<(), String>) {
@@ -643,6 +645,42 @@ impl ShardActor {
             })
             .await;
     }
+}
+
+/// Writes shard `shard`'s image of checkpoint `id` durably at `path`, then to a remote lake;
+/// false if it could not. A failed local write fails the node: it stops rather than carry on
+/// with a checkpoint it cannot trust. An upload that fails (after the store's retries) fails
+/// only this checkpoint: the next one tries again, and until one completes nothing the
+/// previous one reads is deleted.
+async fn write_checkpoint(
+    shard: u16,
+    id: u64,
+    path: &std::path::Path,
+    bytes: Vec<u8>,
+    lake: Option<&LakeCheckpoints>,
+    coord: &flume::Sender<CoordMsg>,
+) -> bool {
+    if let Err(e) = crate::durable::write_file(path, &bytes).await {
+        let error = format!(
+            "shard {shard}: writing {}: {e}; the node stops rather than trust a partial \
+             checkpoint",
+            path.display()
+        );
+        let _ = coord.send_async(CoordMsg::Failed { error }).await;
+        return false;
+    }
+    // A remote lake keeps a copy, for a node on another machine.
+    if let Some(lake) = lake {
+        let name = format!("shard-{shard}.ckpt");
+        if let Err(e) = lake.put(id, &name, bytes.into()).await {
+            tracing::warn!(
+                "shard {shard}: checkpoint {id} not uploaded to the lake, so it does not \
+                 complete: {e}"
+            );
+            return false;
+        }
+    }
+    true
 }
 
 /// Why a batch stopped applying.
