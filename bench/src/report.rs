@@ -356,14 +356,20 @@ fn scale_model(results: &Results) -> String {
     );
     let sink = max_of(replay, "json_rows_per_s_");
     let shard = replay.get("batches_rows_per_s_1_shards").map(|m| m.value);
+    let narrow = max_of(scale, "rows_per_s_nodes_1_shards_");
     if let (Some(sink), Some(shard)) = (sink, shard) {
         s += &format!(
-            " Measured: the sink decodes Debezium JSON at up to {} rows/s, and one shard \
-             applies {} rows/s of encoded batches, so past one shard the sink is the bound: \
-             members add apply capacity that one sink cannot feed, and the curve stays at the \
-             sink's rate. The paper's 3.2M rows/s needs {:.0}x today's decode rate: decoding in \
-             parallel (decode lanes, a sink per source partition) before anything else.",
+            " Measured: the sink decodes Debezium JSON at up to {} rows/s of CH-benCHmark's rows \
+             (`retina bench replay`){}, and one shard applies {} rows/s of encoded batches, so \
+             past a shard or two the sink is the bound: members add apply capacity that one \
+             sink cannot feed, and the curve stays at the sink's rate. The paper's 3.2M rows/s \
+             needs {:.0}x today's decode rate of CH rows: decoding in parallel (decode lanes, a \
+             sink per source partition) before anything else.",
             k(sink),
+            narrow.map_or(String::new(), |n| format!(
+                " and {} rows/s of this benchmark's three-column rows",
+                k(n)
+            )),
             k(shard),
             3.2e6 / sink
         );
@@ -860,6 +866,7 @@ mod tests {
         );
         let model = scale_model(&results);
         assert!(model.contains("up to 200K rows/s"), "{model}");
+        assert!(model.contains("and 120K rows/s of this"), "{model}");
         assert!(model.contains("needs 16x"), "{model}");
         assert!(model.contains("up to 75%"), "{model}");
         assert!(model.contains("about 25.0M rows/s"), "{model}");

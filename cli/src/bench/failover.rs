@@ -15,8 +15,8 @@
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -31,25 +31,105 @@ use retina_storage::{RowOp, TableOp, Value};
 
 use crate::measure::median;
 
-const DDL: &str = "CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR(16), amount BIGINT);";
+pub(super) const DDL: &str =
+    "CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR(16), amount BIGINT);";
 const BUCKET: &str = "failover";
 /// Transactions in the file before the leader starts.
 const PRELOAD: u64 = 20_000;
 
-/// Appends transactions (one insert each) to the source file at `rate` per second until
-/// stopped; `written` counts those flushed.
-struct Writer {
+/// Source transaction `n`: the rows it changes.
+pub(super) type TxnFn = Box<dyn FnMut(u64) -> Vec<TableOp<Vec<Value>>> + Send>;
+
+/// A Debezium JSON source file with its first transactions written and flushed;
+/// [`Source::append`] goes on at a steady rate.
+pub(super) struct Source {
+    out: BufWriter<std::fs::File>,
+    writer: DebeziumWriter,
+    txn: TxnFn,
+    /// Transactions written.
+    n: u64,
+}
+
+impl Source {
+    /// Creates the file at `path` with transactions `txn(0)` to `txn(preload - 1)` of the
+    /// tables of `catalog`.
+    pub(super) fn create(
+        path: &Path,
+        catalog: &Catalog,
+        preload: u64,
+        mut txn: TxnFn,
+    ) -> anyhow::Result<Source> {
+        let file = std::fs::File::create(path)?;
+        let mut writer = DebeziumWriter::new(catalog.tables().to_vec()).with_database("bench");
+        let mut out = BufWriter::new(file);
+        for n in 0..preload {
+            writer.write_txn(&mut out, &txn(n), InsertOp::Create)?;
+        }
+        out.flush()?;
+        Ok(Source {
+            out,
+            writer,
+            txn,
+            n: preload,
+        })
+    }
+
+    /// Appends the next transactions at `rate` per second (flushing every 10 ms) until the
+    /// writer is dropped.
+    pub(super) fn append(self, rate: u64) -> Writer {
+        let Source {
+            mut out,
+            mut writer,
+            mut txn,
+            n: first,
+        } = self;
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(first));
+        let flushes = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, written, flushes) = (stop.clone(), written.clone(), flushes.clone());
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut n = first;
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    let due = first + (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                    while n < due {
+                        writer.write_txn(&mut out, &txn(n), InsertOp::Create)?;
+                        n += 1;
+                    }
+                    out.flush()?;
+                    written.store(n, Ordering::Release);
+                    flushes
+                        .lock()
+                        .expect("flushes lock")
+                        .push((n, Instant::now()));
+                }
+                Ok(())
+            })
+        };
+        Writer {
+            stop,
+            written,
+            flushes,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// Appends transactions to a source file at a steady rate until dropped; `written` counts
+/// those flushed.
+pub(super) struct Writer {
     stop: Arc<AtomicBool>,
     written: Arc<AtomicU64>,
+    /// After each flush: the transactions in the file, and when the flush returned.
+    flushes: Arc<Mutex<Vec<(u64, Instant)>>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Writer {
+    /// [`PRELOAD`] transactions of one insert each, then more at `rate` per second.
     fn start(path: &Path, catalog: &Catalog, rate: u64) -> anyhow::Result<Writer> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let written = Arc::new(AtomicU64::new(0));
-        let file = std::fs::File::create(path)?;
-        let mut writer = DebeziumWriter::new(catalog.tables().to_vec()).with_database("bench");
         let txn = |n: u64| {
             vec![TableOp {
                 table: 0,
@@ -60,39 +140,18 @@ impl Writer {
                 ]),
             }]
         };
-        let mut out = BufWriter::new(file);
-        for n in 0..PRELOAD {
-            writer.write_txn(&mut out, &txn(n), InsertOp::Create)?;
-        }
-        out.flush()?;
-        written.store(PRELOAD, Ordering::Release);
-        let thread = {
-            let (stop, written) = (stop.clone(), written.clone());
-            std::thread::spawn(move || {
-                let start = Instant::now();
-                let mut n = PRELOAD;
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(10));
-                    let due = PRELOAD + (start.elapsed().as_secs_f64() * rate as f64) as u64;
-                    while n < due {
-                        writer.write_txn(&mut out, &txn(n), InsertOp::Create)?;
-                        n += 1;
-                    }
-                    out.flush()?;
-                    written.store(n, Ordering::Release);
-                }
-                Ok(())
-            })
-        };
-        Ok(Writer {
-            stop,
-            written,
-            thread: Some(thread),
-        })
+        Ok(Source::create(path, catalog, PRELOAD, Box::new(txn))?.append(rate))
     }
 
-    fn written(&self) -> u64 {
+    pub(super) fn written(&self) -> u64 {
         self.written.load(Ordering::Acquire)
+    }
+
+    /// The flushes from the `from`th on: the transactions in the file after each, and when
+    /// it returned.
+    pub(super) fn flushes_from(&self, from: usize) -> Vec<(u64, Instant)> {
+        let flushes = self.flushes.lock().expect("flushes lock");
+        flushes.get(from..).unwrap_or_default().to_vec()
     }
 }
 
@@ -105,14 +164,53 @@ impl Drop for Writer {
     }
 }
 
-/// A `retina serve --cluster` process, killed when dropped.
-struct Serve(Child);
+/// A `retina serve` process, killed when dropped.
+pub(super) struct Serve(pub(super) Child);
 
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Starts this binary with `args` in `dir`, configured for `moto`'s S3, its stderr in
+/// `dir/ID.log`.
+pub(super) fn spawn_serve(
+    dir: &Path,
+    moto: &Moto,
+    id: &str,
+    args: &[String],
+) -> anyhow::Result<Serve> {
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let log = std::fs::File::create(dir.join(format!("{id}.log")))?;
+    let child = Command::new(exe)
+        .args(args)
+        .current_dir(dir)
+        .envs(moto.env())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("starting retina serve")?;
+    Ok(Serve(child))
+}
+
+/// The start and the end of each member's log (`dir/ID.log`), to say why a run failed.
+pub(super) fn log_tails(dir: &Path, ids: &[&str]) -> String {
+    let mut out = String::new();
+    for id in ids {
+        let log = std::fs::read_to_string(dir.join(format!("{id}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let head = &lines[..lines.len().min(15)];
+        let tail = &lines[lines.len().saturating_sub(5).max(head.len())..];
+        out += &format!(
+            "{id}'s log ends:\n{}\n...\n{}\n",
+            head.join("\n"),
+            tail.join("\n")
+        );
+    }
+    out
 }
 
 struct Run<'a> {
@@ -126,34 +224,56 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn serve(&self, id: &str, listen: u16) -> anyhow::Result<Serve> {
-        let exe = std::env::current_exe().context("finding this binary")?;
-        let log = std::fs::File::create(self.dir.join(format!("{id}.log")))?;
-        let child = Command::new(exe)
-            .args([
-                "serve",
-                "--follow",
-                "--source",
-                "file:in.json",
-                "--schema",
-                "s.sql",
-            ])
-            .args(["--shards", &self.shards.to_string(), "--lake", &self.lake])
-            .args(["--set", "checkpoint_interval_ms=1000"])
-            .args(["--cluster", &self.cluster, "--node-id", id])
-            .args(["--lease-ttl", &self.ttl.to_string()])
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{listen}"))
-            .arg("--data-dir")
-            .arg(self.dir.join(id))
-            .current_dir(self.dir)
-            .envs(self.moto.env())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting retina serve")?;
-        Ok(Serve(child))
+        let mut args = member_args(
+            self.dir,
+            &self.cluster,
+            &self.lake,
+            self.shards,
+            id,
+            self.ttl,
+        );
+        args.extend(
+            ["--set", "checkpoint_interval_ms=1000", "--listen"]
+                .map(String::from)
+                .into_iter()
+                .chain([format!("127.0.0.1:{listen}")]),
+        );
+        spawn_serve(self.dir, self.moto, id, &args)
     }
+}
+
+/// The arguments every benchmark's cluster member takes: the source file and schema in `dir`,
+/// the lake, the cluster, its id, lease and data directory.
+pub(super) fn member_args(
+    dir: &Path,
+    cluster: &str,
+    lake: &str,
+    shards: u16,
+    id: &str,
+    ttl: u64,
+) -> Vec<String> {
+    [
+        "serve",
+        "--follow",
+        "--source",
+        "file:in.json",
+        "--schema",
+        "s.sql",
+        "--shards",
+        &shards.to_string(),
+        "--lake",
+        lake,
+        "--cluster",
+        cluster,
+        "--node-id",
+        id,
+        "--lease-ttl",
+        &ttl.to_string(),
+        "--data-dir",
+        &dir.join(id).display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// Queries through the cluster's leader, over one connection until the leader changes or the
@@ -205,7 +325,11 @@ impl LeaderClient<'_> {
     }
 }
 
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
+pub(super) fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
@@ -235,21 +359,7 @@ pub(super) fn run(ttls: &[u64], runs: usize, rate: u64, shards: u16) -> anyhow::
         for r in 0..runs {
             let dir = tempfile::tempdir()?;
             // On a failure, the members' logs say why.
-            let logs = |e: anyhow::Error| {
-                let tail = |id: &str| {
-                    let log = std::fs::read_to_string(dir.path().join(format!("{id}.log")))
-                        .unwrap_or_default();
-                    let lines: Vec<&str> = log.lines().collect();
-                    let head = &lines[..lines.len().min(15)];
-                    let tail = &lines[lines.len().saturating_sub(5).max(head.len())..];
-                    format!("{}\n...\n{}", head.join("\n"), tail.join("\n"))
-                };
-                e.context(format!(
-                    "a's log ends:\n{}\nb's log ends:\n{}",
-                    tail("a"),
-                    tail("b")
-                ))
-            };
+            let logs = |e: anyhow::Error| e.context(log_tails(dir.path(), &["a", "b"]));
             std::fs::write(dir.path().join("s.sql"), DDL)?;
             let prefix = format!("lease-{ttl}-run-{r}-{}", std::process::id());
             let run = Run {

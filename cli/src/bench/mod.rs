@@ -16,6 +16,7 @@ mod recovery;
 mod replay;
 mod report;
 mod resources;
+mod scale;
 mod vfor;
 
 #[derive(clap::Args)]
@@ -232,6 +233,34 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         shards: u16,
     },
+    /// A cluster's shards over several members (`serve --cluster ... --peer`, processes on a
+    /// real etcd and S3 server on loopback) against the same shards in one member: replay
+    /// throughput of a file of transactions that span shards, startup, and freshness while the
+    /// file grows at a steady rate; medians per cluster size.
+    Scale {
+        /// Cluster sizes (members), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        nodes: Vec<usize>,
+        /// Shards per member: a cluster of N members has N times as many in all.
+        #[arg(long, default_value_t = 1)]
+        shards_per_node: u16,
+        /// Transactions in the file replayed (four inserts each).
+        #[arg(long, default_value_t = 200_000)]
+        txns: u64,
+        /// Runs of each setup; the medians are reported.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Transactions appended per second for the freshness measurement.
+        #[arg(long, default_value_t = 2000)]
+        rate: u64,
+        /// Seconds of freshness measurement per run (after a second of warm-up).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The members' checkpoint interval in ms (default: the setting's, 10 s); results
+        /// with it are recorded under names ending `_checkpoint_MS_ms`.
+        #[arg(long)]
+        checkpoint_ms: Option<u64>,
+    },
     /// Bitmap requests to a shard's scan service over loopback: latency one at a time, and
     /// throughput with many in flight.
     Bitmaps {
@@ -311,6 +340,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             rate,
             shards,
         } => failover::run(&lease_ttl, runs, rate, shards),
+        BenchCommand::Scale {
+            nodes,
+            shards_per_node,
+            txns,
+            runs,
+            rate,
+            seconds,
+            checkpoint_ms,
+        } => scale::run(
+            &nodes,
+            shards_per_node,
+            txns,
+            runs,
+            rate,
+            seconds,
+            checkpoint_ms,
+        ),
         BenchCommand::Consistency {
             preload,
             rate,
