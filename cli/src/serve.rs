@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use retina_node::catalog::Catalog;
 use retina_node::debezium::TxnMode;
-use retina_node::node::{Node, NodeOptions};
+use retina_node::node::{Node, NodeOptions, NodeStatus};
 use retina_node::settings::Settings;
 use retina_node::sink::{OnError, SinkOptions, SourceSpec};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -251,6 +251,22 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 )?),
                 None => None,
             };
+            // Until it leads, its metrics are those of the shards it runs.
+            let host_metrics = match (&host, args.metrics) {
+                (Some(host), Some(addr)) => {
+                    let status = host.status();
+                    let current = move || {
+                        (status.lock().expect("status lock").clone())
+                            .unwrap_or_else(|| Arc::new(NodeStatus::default()))
+                    };
+                    let stop = Arc::new(AtomicBool::new(false));
+                    let (bound, thread) = retina_node::metrics::serve(addr, current, stop.clone())
+                        .with_context(|| format!("serving metrics on {addr}"))?;
+                    tracing::info!("metrics of the shards run here on http://{bound}/metrics");
+                    Some((bound, thread, stop))
+                }
+                _ => None,
+            };
             // Until it leads, its --listen passes connections to the leader's.
             let forwarder =
                 retina_node::cluster::forward::Forwarder::start(args.listen, spec.clone())
@@ -288,6 +304,11 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             forwarder.stop();
             if let Some(host) = host {
                 host.stop();
+            }
+            // The leader serves its own on the same address.
+            if let Some((bound, thread, stop)) = host_metrics {
+                stop.store(true, Ordering::Relaxed);
+                retina_node::metrics::stop(bound, thread);
             }
             tracing::info!("leading the cluster {spec} with epoch {epoch}");
             // However this run ends, the lease goes with it and a standby takes over at once.

@@ -705,6 +705,23 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
     a.wait("replay over three members", "retina_hwm", |h| {
         h == source.hwm()
     });
+    assert!(
+        metric(a.metrics, "retina_remote_batch_bytes_total").is_some_and(|b| b > 0.0),
+        "the leader sent batches to the members"
+    );
+    // A member that runs shards serves their metrics, with the HWM the leader sent it.
+    b.wait(
+        "b's metrics of its shard",
+        "retina_rows_applied_total",
+        |r| r > 0.0,
+    );
+    b.wait("the leader's HWM at b", "retina_hwm", |h| h == source.hwm());
+    // The leader reports each shard's progress, wherever it runs.
+    let applied = format!("{}", source.hwm() as u64 - 1);
+    wait_status(&etcd, "each shard's progress", &[&a], |s| {
+        s.contains("SHARD  NODE  APPLIED_TS")
+            && s.lines().filter(|l| l.contains(&applied)).count() >= 3
+    });
     // Transactions span the members (row i and row i/2 on different shards); every answer,
     // through any member, is one snapshot of all of them.
     assert_eq!(a.table(&moto), source.table());

@@ -61,7 +61,13 @@ struct Shared {
     io: Mutex<Option<flume::Sender<IoRequest>>>,
     sessions: Mutex<Sessions>,
     stop: AtomicBool,
+    /// What the shards this member runs report (one status for every session of a cluster's
+    /// shard count), for its metrics.
+    status: HostStatus,
 }
+
+/// The status a member's shards report to, once a leader started one ([`Host::status`]).
+pub type HostStatus = Arc<Mutex<Option<Arc<NodeStatus>>>>;
 
 #[derive(Default)]
 struct Sessions {
@@ -136,6 +142,7 @@ impl Host {
             io: Mutex::new(Some(io_tx)),
             sessions: Mutex::new(Sessions::default()),
             stop: AtomicBool::new(false),
+            status: HostStatus::default(),
         });
         let accept = {
             let shared = shared.clone();
@@ -155,6 +162,11 @@ impl Host {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// What its shards report: rows applied, memory, backlog, the HWM the leader last sent.
+    pub fn status(&self) -> HostStatus {
+        self.shared.status.clone()
     }
 
     /// Stops listening, ends every session (each shard stops after what it received) and
@@ -324,7 +336,15 @@ fn start_shard(
     let (data, data_rx) = flume::bounded::<ShardMsg>(window);
     let (control, control_rx) = flume::bounded::<ShardMsg>(CONTROL_QUEUE);
     let (coord_tx, coord) = flume::bounded::<CoordMsg>(1024);
-    let status = Arc::new(NodeStatus::new(hello.shards));
+    let status = {
+        let mut current = shared.status.lock().expect("status");
+        match current.as_ref() {
+            Some(s) if s.shard_memory.len() == usize::from(hello.shards) => s.clone(),
+            _ => current
+                .insert(Arc::new(NodeStatus::new(hello.shards)))
+                .clone(),
+        }
+    };
     let io = shared
         .io
         .lock()
@@ -518,6 +538,9 @@ fn run(
                     }
                 }
                 _ => {
+                    if let ShardMsg::Watermarks(w) = &msg {
+                        status.hwm.store(w.hwm.get().get(), Ordering::Relaxed);
+                    }
                     if control.send(msg).is_err() {
                         break Some("the shard stopped".into());
                     }

@@ -27,7 +27,7 @@ pub mod wire;
 use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterError, Member, Placement};
-pub use host::{Host, HostOptions};
+pub use host::{Host, HostOptions, HostStatus};
 pub use proxy::Connected;
 pub use wire::Hello;
 
