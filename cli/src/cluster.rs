@@ -45,7 +45,7 @@ fn status(spec: &ClusterSpec) -> anyhow::Result<String> {
         None => "checkpoint: none recorded\n".to_owned(),
     };
     out += &match &s.placement {
-        Some(p) if p.epoch == s.epoch => format!(
+        Some(p) if p.epoch == s.epoch && s.leader.is_some() => format!(
             "placement: {} shards over {} nodes (leadership {})\n",
             p.owners.len(),
             p.owners
@@ -76,7 +76,10 @@ fn status(spec: &ClusterSpec) -> anyhow::Result<String> {
         .to_vec(),
     ];
     // The placement of the current leadership (an older one's is history).
-    let placement = s.placement.as_ref().filter(|p| p.epoch == s.epoch);
+    let placement = s
+        .placement
+        .as_ref()
+        .filter(|p| p.epoch == s.epoch && s.leader.is_some());
     for (id, e, ttl) in &s.nodes {
         let leads = e.role == "leader";
         let num = |n: u64| if leads { n.to_string() } else { "-".into() };

@@ -758,8 +758,10 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
     append(&input, &source.txns(300));
     a.kill();
     append(&input, &source.txns(300));
-    let status = wait_placed(&etcd, &["b", "c"], &[&b, &c]);
-    let leader = if status.contains("leader: b") {
+    let status = wait_status(&etcd, "b or c leading over b and c", &[&b, &c], |s| {
+        placed(s) == ["b", "c"] && (s.contains("leader: b ") || s.contains("leader: c "))
+    });
+    let leader = if status.contains("leader: b ") {
         &mut b
     } else {
         &mut c
