@@ -248,13 +248,7 @@ impl Member {
     }
 
     fn sql(&self, moto: &Moto, query: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_retina"))
-            .args(["sql", "--format", "csv", "--connect"])
-            .arg(format!("127.0.0.1:{}", self.listen))
-            .arg(query)
-            .envs(moto.env())
-            .output()
-            .unwrap();
+        let out = sql_through(self.listen, &moto.env(), query);
         assert!(
             out.status.success(),
             "{}\n{}",
@@ -276,18 +270,27 @@ impl Member {
 
     /// The row count, if the member answers queries now.
     fn try_count(&self, moto: &Moto) -> Option<u64> {
-        let out = Command::new(env!("CARGO_BIN_EXE_retina"))
-            .args(["sql", "--format", "csv", "--connect"])
-            .arg(format!("127.0.0.1:{}", self.listen))
-            .arg("SELECT count(*) AS n FROM public.t")
-            .envs(moto.env())
-            .output()
-            .unwrap();
+        let out = sql_through(
+            self.listen,
+            &moto.env(),
+            "SELECT count(*) AS n FROM public.t",
+        );
         let text = String::from_utf8(out.stdout).ok()?;
         out.status
             .success()
             .then(|| text.lines().nth(1)?.parse().ok())?
     }
+}
+
+/// `retina sql` through the service on `port`, in CSV.
+fn sql_through(port: u16, env: &[(&'static str, String)], query: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_retina"))
+        .args(["sql", "--format", "csv", "--connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(query)
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap()
 }
 
 impl Drop for Member {
@@ -645,13 +648,7 @@ impl Checker {
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
-                    let out = Command::new(env!("CARGO_BIN_EXE_retina"))
-                        .args(["sql", "--format", "csv", "--connect"])
-                        .arg(format!("127.0.0.1:{port}"))
-                        .arg("SELECT id, v FROM public.t ORDER BY id")
-                        .envs(env.iter().cloned())
-                        .output()
-                        .unwrap();
+                    let out = sql_through(*port, &env, "SELECT id, v FROM public.t ORDER BY id");
                     // A member starting again answers nothing for a moment.
                     if !out.status.success() {
                         continue;

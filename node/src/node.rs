@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use glommio::{LocalExecutorBuilder, Placement};
-use retina_storage::{Hwm, Shard, Timestamp};
+use retina_storage::{Hwm, Timestamp};
 
 use crate::catalog::Catalog;
 use crate::cluster::store::ClusterState;
@@ -302,13 +302,16 @@ impl Node {
                     scan_listeners.push(None);
                     continue;
                 }
-                let mut addr = base;
-                if base.port() != 0 {
-                    addr.set_port(base.port() + 1 + id);
-                }
+                // The bound port of a service asked for on port 0 is not a base.
+                let mut base = base;
                 if options.listen.is_some_and(|l| l.port() == 0) {
-                    addr.set_port(0);
+                    base.set_port(0);
                 }
+                let addr =
+                    crate::rpc::scan_addr(base, id).map_err(|reason| NodeError::Executor {
+                        what: format!("the scan service of shard {id}"),
+                        reason,
+                    })?;
                 let bind_err = |e: std::io::Error| NodeError::Executor {
                     what: format!("the scan service of shard {id} on {addr}"),
                     reason: e.to_string(),
@@ -438,13 +441,7 @@ impl Node {
             }
             let mut shard = match restored {
                 Some(s) => s,
-                None => {
-                    let mut s = Shard::new(id, settings.storage())?;
-                    for t in options.catalog.tables() {
-                        s.add_table(t.clone());
-                    }
-                    s
-                }
+                None => recovery::empty_shard(id, settings, &options.catalog)?,
             };
             shard.skip_file_seq_to(epoch_base(epoch));
             let setup = ShardSetup {

@@ -279,17 +279,7 @@ pub fn recover(
                 reason,
             };
             let bytes = std::fs::read(&path).map_err(|e| err(e.to_string()))?;
-            let image =
-                retina_storage::ShardImage::decode(&bytes).map_err(|e| err(e.to_string()))?;
-            if image.shard != id || image.applied_through != c.ts {
-                return Err(err(format!(
-                    "it holds shard {} at {}, the record says shard {id} at {}",
-                    image.shard, image.applied_through, c.ts
-                )));
-            }
-            let shard = Shard::from_image(settings.storage(), &schemas, image, c.id)
-                .map_err(|e| err(e.to_string()))?;
-            restored.push(shard);
+            restored.push(restore_shard(&bytes, id, c.id, c.ts, settings, &schemas).map_err(err)?);
         }
     }
     let mut removed = 0usize;
@@ -341,6 +331,34 @@ pub fn recover(
         }
     }
     Ok(restored)
+}
+
+/// Shard `id` from `bytes`, its image of checkpoint `checkpoint` taken at `ts`.
+pub fn restore_shard(
+    bytes: &[u8],
+    id: u16,
+    checkpoint: u64,
+    ts: Timestamp,
+    settings: &Settings,
+    schemas: &[Arc<TableSchema>],
+) -> Result<Shard, String> {
+    let image = retina_storage::ShardImage::decode(bytes).map_err(|e| e.to_string())?;
+    if image.shard != id || image.applied_through != ts {
+        return Err(format!(
+            "it holds shard {} at {}, the record says shard {id} at {ts}",
+            image.shard, image.applied_through
+        ));
+    }
+    Shard::from_image(settings.storage(), schemas, image, checkpoint).map_err(|e| e.to_string())
+}
+
+/// Shard `id` as no transaction left it: the catalog's tables, empty.
+pub fn empty_shard(id: u16, settings: &Settings, catalog: &Catalog) -> Result<Shard, NodeError> {
+    let mut s = Shard::new(id, settings.storage())?;
+    for t in catalog.tables() {
+        s.add_table(t.clone());
+    }
+    Ok(s)
 }
 
 /// In a remote lake, deletes every object under `tables/` that is not in `keep`, and every

@@ -120,6 +120,19 @@ impl bootstrap::Server for Bootstrap {
     }
 }
 
+/// Where shard `shard`'s scan service listens beside a service on `base`: the port `shard + 1`
+/// after `base`'s, on the same address (any free port when `base`'s is 0).
+pub fn scan_addr(base: SocketAddr, shard: u16) -> Result<SocketAddr, String> {
+    let mut addr = base;
+    if base.port() != 0 {
+        let port = u32::from(base.port()) + 1 + u32::from(shard);
+        addr.set_port(u16::try_from(port).map_err(|_| {
+            format!("shard {shard}'s scan service would be on port {port}: choose a lower port")
+        })?);
+    }
+    Ok(addr)
+}
+
 /// A listener on `addr` for a Cap'n Proto service: bound, non-blocking, and with room for
 /// [`MAX_CONNECTIONS`] connections waiting to be accepted (the standard library's 128 turns a
 /// burst of clients, hundreds of query workers connecting at once, into resets).

@@ -415,21 +415,10 @@ impl Member {
             .call("/v3/kv/range", &json!({ "key": b64(&epoch_key) }))?;
         let rev = super::gateway::mod_revision(&got);
         let epoch = match super::gateway::kvs(&got)?.first() {
-            Some(kv) => parse_epoch(&self.spec, &epoch_key, &kv.value)?,
+            Some(kv) => parse_epoch(&self.spec, &epoch_key, &kv.value).map_err(Campaign::Fatal)?,
             None => 0,
         };
-        let next = epoch + 1;
-        if next > super::MAX_EPOCH {
-            return Err(Campaign::Fatal(ClusterError::Corrupt {
-                cluster: self.spec.to_string(),
-                key: epoch_key,
-                reason: format!(
-                    "{epoch} leaderships used up the {} a cluster can have (file ids hold \
-                     16 bits of epoch): start the cluster on a new prefix",
-                    super::MAX_EPOCH
-                ),
-            }));
-        }
+        let next = epoch_after(&self.spec, &epoch_key, epoch).map_err(Campaign::Fatal)?;
         // The node's entry says it leads in the same transaction; held meanwhile, so that the
         // entry's refresh cannot put back the standby's.
         let mut held = self.entry.lock().expect("entry lock");
@@ -466,7 +455,9 @@ impl Member {
             && l.lease == self.lease
         {
             let epoch = match first(1)? {
-                Some(kv) => parse_epoch(&self.spec, &epoch_key, &kv.value)?,
+                Some(kv) => {
+                    parse_epoch(&self.spec, &epoch_key, &kv.value).map_err(Campaign::Fatal)?
+                }
                 None => 0,
             };
             let mut entry = entry;
@@ -529,17 +520,9 @@ impl Member {
     /// leads (`None`: never recorded): what a leader starts from.
     pub fn load_state_to_lead(&self) -> Result<Option<Persisted>, ClusterError> {
         let key = self.key("state");
-        let leader_key = self.key("leader");
         let (leads, answers) = self
             .etcd
-            .txn(
-                vec![
-                    cmp_value(&leader_key, &self.node_id),
-                    cmp_lease(&leader_key, self.lease),
-                ],
-                vec![range(&key)],
-                vec![],
-            )
+            .txn(self.fenced(), vec![range(&key)], vec![])
             .map_err(|e| self.etcd_err("reading the coordinator's state", e))?;
         if !leads {
             return Err(LeaseLost.into());
@@ -574,22 +557,14 @@ impl Member {
         p: &Persisted,
     ) -> impl std::future::Future<Output = Result<(), super::SaveError>> + use<> {
         let etcd = self.etcd.clone();
-        let leader_key = self.key("leader");
+        let fence = self.fenced();
         let state_key = self.key("state");
         let node_id = self.node_id.clone();
         let cluster = self.spec.to_string();
-        let lease = self.lease;
         let text = String::from_utf8(StateFile::encode(p)).expect("the state is text");
         let (tx, rx) = flume::bounded(1);
         let job = move || {
-            let result = match etcd.txn(
-                vec![
-                    cmp_value(&leader_key, &node_id),
-                    cmp_lease(&leader_key, lease),
-                ],
-                vec![put(&state_key, &text, None)],
-                vec![],
-            ) {
+            let result = match etcd.txn(fence, vec![put(&state_key, &text, None)], vec![]) {
                 Ok((true, _)) => Ok(()),
                 Ok((false, _)) => Err(super::SaveError::Fenced(format!(
                     "node {node_id} no longer leads the cluster {cluster}"
@@ -608,6 +583,16 @@ impl Member {
         }
     }
 
+    /// The comparisons that make a transaction this leader's only: `P/leader` holds its id
+    /// under its lease.
+    fn fenced(&self) -> Vec<serde_json::Value> {
+        let leader_key = self.key("leader");
+        vec![
+            cmp_value(&leader_key, &self.node_id),
+            cmp_lease(&leader_key, self.lease),
+        ]
+    }
+
     /// The other live members that run shards (their id and `peer` address), by id.
     pub fn hosts(&self) -> Result<Vec<(String, String)>, ClusterError> {
         let prefix = self.key("nodes/");
@@ -615,18 +600,11 @@ impl Member {
             .etcd
             .range(&prefix, true)
             .map_err(|e| self.etcd_err("listing the nodes", e))?;
-        let mut hosts = Vec::new();
-        for kv in kvs {
-            let id = kv.key.strip_prefix(&prefix).unwrap_or(&kv.key).to_owned();
-            let entry = NodeEntry::decode(&kv.value).map_err(|reason| ClusterError::Corrupt {
-                cluster: self.spec.to_string(),
-                key: kv.key.clone(),
-                reason,
-            })?;
-            if id != self.node_id && !entry.peer.is_empty() {
-                hosts.push((id, entry.peer));
-            }
-        }
+        let mut hosts: Vec<(String, String)> = entries(&self.spec, &prefix, kvs)?
+            .into_iter()
+            .filter(|(id, entry, _)| *id != self.node_id && !entry.peer.is_empty())
+            .map(|(id, entry, _)| (id, entry.peer))
+            .collect();
         hosts.sort();
         Ok(hosts)
     }
@@ -642,14 +620,10 @@ impl Member {
         placement: &Placement,
         nodes: &[String],
     ) -> Result<(), ClusterError> {
-        let leader_key = self.key("leader");
         let (leads, _) = self
             .etcd
             .txn(
-                vec![
-                    cmp_value(&leader_key, &self.node_id),
-                    cmp_lease(&leader_key, self.lease),
-                ],
+                self.fenced(),
                 vec![put(&self.key("placement"), &placement.encode(), None)],
                 vec![],
             )
@@ -677,38 +651,22 @@ impl Member {
             let Some(kv) = kv.into_iter().next() else {
                 return Err(LeaseLost.into());
             };
-            let epoch: u64 = kv.value.parse().map_err(|_| ClusterError::Corrupt {
-                cluster: self.spec.to_string(),
-                key: epoch_key.clone(),
-                reason: format!("`{}` is not an epoch number", kv.value),
-            })?;
-            if epoch + 1 > super::MAX_EPOCH {
-                return Err(ClusterError::Corrupt {
-                    cluster: self.spec.to_string(),
-                    key: epoch_key,
-                    reason: format!(
-                        "{epoch} leaderships used up the {} a cluster can have: start the \
-                         cluster on a new prefix",
-                        super::MAX_EPOCH
-                    ),
-                });
-            }
+            let epoch = parse_epoch(&self.spec, &epoch_key, &kv.value)?;
+            let next = epoch_after(&self.spec, &epoch_key, epoch)?;
+            let mut unchanged = self.fenced();
+            unchanged.push(cmp_value(&epoch_key, &kv.value));
             let (done, answers) = self
                 .etcd
                 .txn(
-                    vec![
-                        cmp_value(&leader_key, &self.node_id),
-                        cmp_lease(&leader_key, self.lease),
-                        cmp_value(&epoch_key, &kv.value),
-                    ],
-                    vec![put(&epoch_key, &(epoch + 1).to_string(), None)],
+                    unchanged,
+                    vec![put(&epoch_key, &next.to_string(), None)],
                     vec![range(&leader_key)],
                 )
                 .map_err(|e| self.etcd_err("raising the epoch", e))?;
             if done {
-                self.epoch.store(epoch + 1, Ordering::Release);
-                self.entry.lock().expect("entry lock").epoch = epoch + 1;
-                return Ok(epoch + 1);
+                self.epoch.store(next, Ordering::Release);
+                self.entry.lock().expect("entry lock").epoch = next;
+                return Ok(next);
             }
             let leader = answers
                 .first()
@@ -808,17 +766,13 @@ impl Member {
             .map(|t| Placement::decode(&t).map_err(|r| corrupt(&placement_key, r)))
             .transpose()?;
         let etcd = Gateway::new(&spec.endpoints);
-        let mut nodes = Vec::new();
-        for kv in listed {
-            let id = kv
-                .key
-                .strip_prefix(&nodes_prefix)
-                .unwrap_or(&kv.key)
-                .to_owned();
-            let entry = NodeEntry::decode(&kv.value).map_err(|r| corrupt(&kv.key, r))?;
-            let ttl = etcd.time_to_live(kv.lease).map_or(-1, |(ttl, _)| ttl);
-            nodes.push((id, entry, ttl));
-        }
+        let nodes = entries(spec, &nodes_prefix, listed)?
+            .into_iter()
+            .map(|(id, entry, lease)| {
+                let ttl = etcd.time_to_live(lease).map_or(-1, |(ttl, _)| ttl);
+                (id, entry, ttl)
+            })
+            .collect();
         Ok(Snapshot {
             leader,
             epoch,
@@ -849,14 +803,47 @@ impl From<String> for Campaign {
     }
 }
 
-fn parse_epoch(spec: &ClusterSpec, key: &str, text: &str) -> Result<u64, Campaign> {
-    text.parse().map_err(|_| {
-        Campaign::Fatal(ClusterError::Corrupt {
-            cluster: spec.to_string(),
-            key: key.to_owned(),
-            reason: format!("`{text}` is not an epoch number"),
-        })
+fn parse_epoch(spec: &ClusterSpec, key: &str, text: &str) -> Result<u64, ClusterError> {
+    text.parse().map_err(|_| ClusterError::Corrupt {
+        cluster: spec.to_string(),
+        key: key.to_owned(),
+        reason: format!("`{text}` is not an epoch number"),
     })
+}
+
+/// The epoch after `epoch`, unless the cluster used up the epochs file ids can hold.
+fn epoch_after(spec: &ClusterSpec, key: &str, epoch: u64) -> Result<u64, ClusterError> {
+    if epoch < super::MAX_EPOCH {
+        return Ok(epoch + 1);
+    }
+    Err(ClusterError::Corrupt {
+        cluster: spec.to_string(),
+        key: key.to_owned(),
+        reason: format!(
+            "{epoch} leaderships used up the {} a cluster can have (file ids hold 16 bits of \
+             epoch): start the cluster on a new prefix",
+            super::MAX_EPOCH
+        ),
+    })
+}
+
+/// The node entries under `prefix`: each node's id, entry and lease.
+fn entries(
+    spec: &ClusterSpec,
+    prefix: &str,
+    kvs: Vec<Kv>,
+) -> Result<Vec<(String, NodeEntry, i64)>, ClusterError> {
+    kvs.into_iter()
+        .map(|kv| {
+            let entry = NodeEntry::decode(&kv.value).map_err(|reason| ClusterError::Corrupt {
+                cluster: spec.to_string(),
+                key: kv.key.clone(),
+                reason,
+            })?;
+            let id = kv.key.strip_prefix(prefix).unwrap_or(&kv.key).to_owned();
+            Ok((id, entry, kv.lease))
+        })
+        .collect()
 }
 
 /// Reads every range of `ops` in one transaction (so they belong together): the key-values of

@@ -400,11 +400,8 @@ fn start_shard(
 fn restore(shared: &Shared, shard: u16, hello: &Hello) -> Result<Shard, String> {
     let options = &shared.options;
     let Some((id, ts)) = hello.checkpoint else {
-        let mut s = Shard::new(shard, options.settings.storage()).map_err(|e| e.to_string())?;
-        for t in options.catalog.tables() {
-            s.add_table(t.clone());
-        }
-        return Ok(s);
+        return crate::recovery::empty_shard(shard, &options.settings, &options.catalog)
+            .map_err(|e| e.to_string());
     };
     let path = checkpoint_object(id, &format!("shard-{shard}.ckpt"));
     let named = format!("{}{path}", shared.lake);
@@ -418,28 +415,21 @@ fn restore(shared: &Shared, shard: u16, hello: &Hello) -> Result<Shard, String> 
     let bytes = futures::executor::block_on(get)
         .map_err(|e| format!("reading {named}: {e}"))?
         .map_err(|e| format!("reading {named}: {e}"))?;
-    let image = retina_storage::ShardImage::decode(&bytes).map_err(|e| format!("{named}: {e}"))?;
-    if image.shard != shard || image.applied_through != ts {
-        return Err(format!(
-            "{named} holds shard {} at {}, the leader named shard {shard} at {ts}",
-            image.shard, image.applied_through
-        ));
-    }
-    let schemas = options.catalog.tables().to_vec();
-    Shard::from_image(options.settings.storage(), &schemas, image, id)
-        .map_err(|e| format!("{named}: {e}"))
+    crate::recovery::restore_shard(
+        &bytes,
+        shard,
+        id,
+        ts,
+        &options.settings,
+        options.catalog.tables(),
+    )
+    .map_err(|e| format!("{named}: {e}"))
 }
 
 /// Shard `shard`'s scan service, on the port `shard + 1` after the peer port (any free port
 /// when that is 0). A session of the shard that just ended may hold it for a moment.
 fn bind_scan(peer: SocketAddr, shard: u16) -> Result<std::net::TcpListener, String> {
-    let mut addr = peer;
-    if peer.port() != 0 {
-        let port = u32::from(peer.port()) + 1 + u32::from(shard);
-        addr.set_port(u16::try_from(port).map_err(|_| {
-            format!("shard {shard}'s scan service would be on port {port}: lower --peer's port")
-        })?);
-    }
+    let addr = crate::rpc::scan_addr(peer, shard)?;
     let mut tries = 0;
     loop {
         match crate::rpc::bind_listener(addr) {

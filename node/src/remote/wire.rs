@@ -7,7 +7,7 @@
 //! in place, as a local shard does. Every other body is a few fixed-width numbers and
 //! length-prefixed strings ([`Enc`], [`Dec`]).
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 
 use retina_storage::file::RowGroupInfo;
 use retina_storage::{FileId, Timestamp};
@@ -82,20 +82,30 @@ pub struct Frame {
     pub body: AlignedVec,
 }
 
-/// Writes one frame (header and body in one write, so frames of several writers sharing a
-/// stream behind a lock never interleave).
+/// Writes one frame: header and body together, without copying the body (a batch goes out
+/// as the sink encoded it). Writers sharing a stream hold a lock around each frame.
 pub fn write_frame(w: &mut impl Write, kind: Kind, shard: u16, body: &[u8]) -> std::io::Result<()> {
     let len = u32::try_from(body.len())
         .ok()
         .filter(|&l| l as usize <= MAX_BODY)
         .ok_or_else(|| std::io::Error::other(format!("a frame of {} bytes", body.len())))?;
-    let mut buf = Vec::with_capacity(8 + body.len());
-    buf.extend_from_slice(&len.to_le_bytes());
-    buf.push(kind as u8);
-    buf.push(0);
-    buf.extend_from_slice(&shard.to_le_bytes());
-    buf.extend_from_slice(body);
-    w.write_all(&buf)
+    let mut header = [0u8; 8];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    header[4] = kind as u8;
+    header[6..].copy_from_slice(&shard.to_le_bytes());
+    let sent = loop {
+        match w.write_vectored(&[IoSlice::new(&header), IoSlice::new(body)]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            other => break other?,
+        }
+    };
+    match sent.checked_sub(header.len()) {
+        None => {
+            w.write_all(&header[sent..])?;
+            w.write_all(body)
+        }
+        Some(of_body) => w.write_all(&body[of_body..]),
+    }
 }
 
 /// Reads one frame; `None` at a clean end of the stream (before a header).
