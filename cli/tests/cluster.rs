@@ -725,31 +725,62 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
     assert_eq!(b.table(&moto), source.table());
     let checker = Checker::start(vec![a.listen, b.listen, c.listen], moto.env());
 
-    // A member running a shard is killed during replay: the leader starts again over the
-    // members left once its lease expires, and replay goes on.
+    // A member running a shard is killed during replay and started again: the leader starts
+    // that shard alone on it again, from the newest checkpoint, while the other shards go on
+    // (no new epoch, no new placement).
+    let epoch = metric(a.metrics, "retina_cluster_epoch").unwrap();
     append(&input, &source.txns(300));
     std::thread::sleep(Duration::from_millis(200));
     c.kill();
     append(&input, &source.txns(300));
-    wait_placed(&etcd, &["a", "b"], &[&a, &b]);
-    a.wait("replay over two members", "retina_hwm", |h| {
+    c = Member::start_with(&etcd, &moto, dir.path(), "c", 3, true);
+    a.wait("replay with c's shard started again", "retina_hwm", |h| {
         h == source.hwm()
     });
+    a.wait("c's shard started again", "retina_shard_restarts_total", |n| {
+        n >= 1.0
+    });
+    assert_eq!(metric(a.metrics, "retina_cluster_epoch"), Some(epoch));
+    assert!(
+        a.log().contains("shard 2 runs again on node c"),
+        "the leader started c's shard again on c: {}",
+        a.log()
+    );
+    let status = wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
+    assert!(status.contains("placement: 3 shards over 3 nodes"), "{status}");
     assert_eq!(a.table(&moto), source.table());
+    assert_eq!(c.table(&moto), source.table());
 
-    // Started again, it gets shards again.
-    c = Member::start_with(&etcd, &moto, dir.path(), "c", 3, true);
+    // A member killed for good: once its lease expired, its shard moves to the member with
+    // the fewest shards (c), again without stopping the others.
+    append(&input, &source.txns(300));
+    b.kill();
+    append(&input, &source.txns(300));
+    wait_placed(&etcd, &["a", "c"], &[&a, &c]);
+    a.wait("replay with b's shard moved to c", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    assert_eq!(metric(a.metrics, "retina_cluster_epoch"), Some(epoch));
+    assert_eq!(a.table(&moto), source.table());
+    let log = a.log();
+    assert!(
+        log.contains("shard 1 moved from node b to node c"),
+        "the leader moved b's shard to c: {log}"
+    );
+
+    if std::env::var_os("RETINA_TEST_LOG").is_some() {
+        eprintln!("{}", a.log());
+    }
+    // b comes back: the leader starts again from its checkpoint (the next epoch) to give it
+    // shards.
+    b = Member::start_with(&etcd, &moto, dir.path(), "b", 3, true);
     wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
     append(&input, &source.txns(300));
     a.wait("replay over three members again", "retina_hwm", |h| {
         h == source.hwm()
     });
-    assert_eq!(c.table(&moto), source.table());
-    let log = a.log();
-    assert!(
-        log.contains("starting again from the newest checkpoint"),
-        "the leader started again when it lost c: {log}"
-    );
+    assert!(metric(a.metrics, "retina_cluster_epoch").is_some_and(|e| e > epoch));
+    assert_eq!(b.table(&moto), source.table());
 
     // The leader is killed: a member that ran shards for it leads, over the members left.
     append(&input, &source.txns(300));

@@ -107,7 +107,7 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
     let mut out = String::new();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed).to_string();
     let flag = |b: bool| u8::from(b).to_string();
-    let metrics: [(&str, &str, &str, String); 29] = [
+    let metrics: [(&str, &str, &str, String); 30] = [
         (
             "retina_hwm",
             "gauge",
@@ -167,6 +167,13 @@ pub fn render(s: &NodeStatus, rows_per_second: f64) -> String {
             "counter",
             "Bytes of batches a cluster's leader sent to shards other members run.",
             load(&s.remote_batch_bytes),
+        ),
+        (
+            "retina_shard_restarts_total",
+            "counter",
+            "Shards a cluster's leader started again on a live member after the member running \
+             it was lost, while the other shards went on.",
+            load(&s.shard_restarts),
         ),
         (
             "retina_rows_per_second",

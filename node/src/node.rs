@@ -87,7 +87,7 @@ pub struct Node {
     /// The data directory's lock, held while the node runs.
     _lock: std::fs::File,
     listening: Option<std::net::SocketAddr>,
-    scan_addrs: Vec<std::net::SocketAddr>,
+    scan_addrs: crate::rpc::ScanAddrs,
     coordinator: Option<glommio::ExecutorJoinHandle<()>>,
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
     /// The threads of the shards other members run ([`crate::remote::proxy`]).
@@ -274,20 +274,22 @@ impl Node {
 
         // A cluster's leader places the shards over the members that run them, and connects
         // to each for its shards.
-        let mut remote = match &options.cluster {
-            Some(member) => crate::remote::place(
-                member,
-                shards,
-                &crate::remote::Hello {
-                    epoch,
-                    shards,
-                    window: settings.shard_queue_batches as u64,
-                    checkpoints: settings.checkpoint_interval_ms > 0,
-                    checkpoint: persisted.checkpoint.map(|c| (c.id, c.ts)),
-                    catalog: options.catalog.describe(),
-                },
-            )?,
-            None => Vec::new(),
+        let hello = crate::remote::Hello {
+            epoch,
+            shards,
+            window: settings.shard_queue_batches as u64,
+            checkpoints: settings.checkpoint_interval_ms > 0,
+            checkpoint: persisted.checkpoint.map(|c| (c.id, c.ts)),
+            generation: 0,
+            catalog: options.catalog.describe(),
+        };
+        let placed = match &options.cluster {
+            Some(member) => Some(crate::remote::place(member, shards, &hello)?),
+            None => None,
+        };
+        let (mut remote, placement) = match placed {
+            Some(p) => (p.connections, Some(p.placement)),
+            None => (Vec::new(), None),
         };
         remote.resize_with(shards.into(), || None);
 
@@ -324,6 +326,18 @@ impl Node {
             scan_listeners.resize_with(shards.into(), || None);
         }
         let mut scan_listeners = scan_listeners.into_iter();
+        let scan_addrs: crate::rpc::ScanAddrs = Arc::new(std::sync::RwLock::new(scan_addrs));
+        // A remote shard whose member is lost starts again on a live member, alone.
+        let rejoin: Option<Arc<dyn crate::remote::Rejoin>> =
+            match (&options.cluster, placement) {
+                (Some(member), Some(placement)) => Some(Arc::new(crate::remote::Rejoiner::new(
+                    member.clone(),
+                    hello,
+                    placement,
+                    scan_addrs.clone(),
+                ))),
+                _ => None,
+            };
 
         // Every shard's queues, created first: the coordinator sends to shards too. The data
         // queue bounds the batches in flight; the control queue is the coordinator's.
@@ -424,19 +438,23 @@ impl Node {
                 // Its state is the member's, restored there from the same checkpoint.
                 drop(restored);
                 let _ = scan_listeners.next();
-                let threads = crate::remote::proxy::spawn(
+                let thread = crate::remote::proxy::spawn(
                     conn,
-                    data,
-                    control,
-                    coord_tx.clone(),
-                    status.clone(),
-                    settings.shard_queue_batches as u64,
+                    crate::remote::proxy::ProxySetup {
+                        data,
+                        control,
+                        coord: coord_tx.clone(),
+                        status: status.clone(),
+                        window: settings.shard_queue_batches as u64,
+                        from: persisted.checkpoint.map(|c| (c.id, c.ts)),
+                        rejoin: rejoin.clone(),
+                    },
                 )
                 .map_err(|e| NodeError::Executor {
                     what: format!("the connection of shard {id}"),
                     reason: e.to_string(),
                 })?;
-                remote_threads.extend(threads);
+                remote_threads.push(thread);
                 continue;
             }
             let mut shard = match restored {
@@ -503,8 +521,8 @@ impl Node {
     }
 
     /// Where each shard's scan service listens, by shard (empty without `listen`).
-    pub fn scan_addrs(&self) -> &[std::net::SocketAddr] {
-        &self.scan_addrs
+    pub fn scan_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.scan_addrs.read().expect("scan addresses").clone()
     }
 
     /// Where the coordinator's Cap'n Proto service listens, if it does.

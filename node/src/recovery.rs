@@ -438,24 +438,38 @@ pub fn plan_files(
 ) -> Result<PlanFiles, NodeError> {
     let mut files = PlanFiles::default();
     for shard in recovered {
-        for t in 0..catalog.tables().len() as TableId {
-            let schema = catalog.get(t).expect("a catalog table");
-            for (file, row_groups) in shard.regular_files(t)? {
-                let path = retina_storage::buffer::file_path(schema.name(), file);
-                let bytes = object_size(lake, rt, &path)?;
-                files.add(
-                    t,
-                    PlanFile {
-                        file,
-                        path,
-                        bytes,
-                        shard: shard.id(),
-                        row_groups,
-                        min_snapshot: Timestamp::GENESIS,
-                        superseded_from: None,
-                    },
-                );
-            }
+        for (t, file) in shard_plan_files(shard, catalog, |path| object_size(lake, rt, path))? {
+            files.add(t, file);
+        }
+    }
+    Ok(files)
+}
+
+/// The regular files `shard` holds, by table, as scan plans list them (`size`: the size of
+/// the lake object at a path).
+pub fn shard_plan_files(
+    shard: &Shard,
+    catalog: &Catalog,
+    mut size: impl FnMut(&ObjectPath) -> Result<u64, NodeError>,
+) -> Result<Vec<(TableId, PlanFile)>, NodeError> {
+    let mut files = Vec::new();
+    for t in 0..catalog.tables().len() as TableId {
+        let schema = catalog.get(t).expect("a catalog table");
+        for (file, row_groups) in shard.regular_files(t)? {
+            let path = retina_storage::buffer::file_path(schema.name(), file);
+            let bytes = size(&path)?;
+            files.push((
+                t,
+                PlanFile {
+                    file,
+                    path,
+                    bytes,
+                    shard: shard.id(),
+                    row_groups,
+                    min_snapshot: Timestamp::GENESIS,
+                    superseded_from: None,
+                },
+            ));
         }
     }
     Ok(files)

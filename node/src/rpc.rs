@@ -120,6 +120,10 @@ impl bootstrap::Server for Bootstrap {
     }
 }
 
+/// Each shard's scan-service address, by shard, as scan plans name them: a remote shard that
+/// starts again on another member moves it.
+pub type ScanAddrs = std::sync::Arc<std::sync::RwLock<Vec<SocketAddr>>>;
+
 /// Where shard `shard`'s scan service listens beside a service on `base`: the port `shard + 1`
 /// after `base`'s, on the same address (any free port when `base`'s is 0).
 pub fn scan_addr(base: SocketAddr, shard: u16) -> Result<SocketAddr, String> {

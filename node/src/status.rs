@@ -111,8 +111,12 @@ pub struct NodeStatus {
     /// A cluster's leader lost the connection to a member running one of its shards (see
     /// [`crate::remote`]): it starts again from the newest checkpoint.
     pub host_lost: AtomicBool,
-    /// Bytes of batches sent to shards other members run (frames' bodies).
+    /// Bytes of batches sent to shards other members run (frames' bodies), sent again to a
+    /// shard started again included.
     pub remote_batch_bytes: AtomicU64,
+    /// Times a cluster's leader started a shard again on a live member after the one running
+    /// it was lost, while the other shards went on ([`crate::remote::proxy`]).
+    pub shard_restarts: AtomicU64,
     /// Every actor queue's depth, set once when the node starts.
     pub queues: OnceLock<Vec<QueueProbe>>,
     /// A cluster's leader: the epoch of its leadership (0: a node on its own).

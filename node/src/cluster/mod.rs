@@ -177,6 +177,20 @@ pub fn epoch_base(epoch: u64) -> u64 {
     epoch << EPOCH_SHIFT
 }
 
+/// Bits of a file sequence below the epoch's that number a shard's generation: a shard a
+/// leader starts again in its leadership (its member was lost) numbers its files from
+/// [`generation_base`], above every file an earlier generation of it can have made.
+const GENERATION_SHIFT: u32 = 24;
+
+/// Generations of one shard in one leadership; past it the leader takes the next epoch.
+pub const MAX_GENERATION: u32 = (1 << (EPOCH_SHIFT - GENERATION_SHIFT)) - 1;
+
+/// The first file sequence of generation `generation` of a shard in leadership `epoch`.
+pub fn generation_base(epoch: u64, generation: u32) -> u64 {
+    assert!(generation <= MAX_GENERATION, "generation {generation} is past the last");
+    epoch_base(epoch) + (u64::from(generation) << GENERATION_SHIFT)
+}
+
 /// The leadership that made file `id` (0: a node on its own, or before any).
 pub fn file_epoch(id: retina_storage::FileId) -> u64 {
     (id.0 >> EPOCH_SHIFT) & MAX_EPOCH
@@ -239,6 +253,12 @@ mod tests {
     fn an_epoch_owns_the_high_bits() {
         assert_eq!(epoch_base(0), 0);
         assert_eq!(epoch_base(3), 3 << 32);
+        assert_eq!(generation_base(3, 0), epoch_base(3));
+        assert!(generation_base(3, MAX_GENERATION) + (1 << 24) - 1 < epoch_base(4));
+        assert_eq!(
+            file_epoch(retina_storage::FileId::new(7, generation_base(3, 5) + 9)),
+            3
+        );
         let file = retina_storage::FileId::new(7, epoch_base(3) + 12);
         assert_eq!(file_epoch(file), 3);
         assert_eq!(file_epoch(retina_storage::FileId::new(7, 12)), 0);

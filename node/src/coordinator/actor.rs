@@ -42,6 +42,8 @@ struct PendingBegin {
     reply: BeginReply,
     /// Shards that have not yet answered [`CoordMsg::QueryKnown`].
     unknown: usize,
+    /// Shards that answered: a shard started again while the begin waited may answer twice.
+    known: std::collections::BTreeSet<u16>,
 }
 
 pub struct CoordinatorActor {
@@ -159,7 +161,7 @@ impl CoordinatorActor {
                 self.on_checkpoint_done(id, shard, ok).await
             }
             CoordMsg::BeginQuery { owner, reply } => self.on_begin_query(owner, reply),
-            CoordMsg::QueryKnown { query, shard: _ } => self.on_query_known(query),
+            CoordMsg::QueryKnown { query, shard } => self.on_query_known(query, shard),
             CoordMsg::RenewQuery { owner, id, reply } => self.on_renew_query(owner, id, reply),
             CoordMsg::EndQuery { owner, id, reply } => self.on_end_query(owner, id, reply),
             CoordMsg::ConnectionClosed { owner } => self.on_connection_closed(owner),
@@ -179,6 +181,16 @@ impl CoordinatorActor {
                 table,
                 reply,
             } => self.on_plan(owner, id, table, reply),
+            CoordMsg::ShardRestarted { shard } => {
+                tracing::info!(
+                    "shard {shard} starts again from the newest checkpoint; HWM stays at {} \
+                     until it catches up",
+                    self.state.hwm().get()
+                );
+                if let Err(e) = self.state.shard_restarted(shard) {
+                    self.status.fail(format!("coordinator: {e}"));
+                }
+            }
             CoordMsg::Tick => self.on_tick().await,
             CoordMsg::Stop { reply } => return self.on_stop(reply).await,
         }
@@ -388,13 +400,17 @@ impl CoordinatorActor {
                     ticket,
                     reply,
                     unknown: told,
+                    known: Default::default(),
                 },
             );
         }
     }
 
-    fn on_query_known(&mut self, query: QueryId) {
+    fn on_query_known(&mut self, query: QueryId, shard: u16) {
         if let std::collections::hash_map::Entry::Occupied(mut b) = self.begins.entry(query) {
+            if !b.get_mut().known.insert(shard) {
+                return;
+            }
             b.get_mut().unknown -= 1;
             if b.get().unknown == 0 {
                 let b = b.remove();

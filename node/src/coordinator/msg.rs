@@ -97,6 +97,10 @@ pub enum CoordMsg {
         table: TableId,
         reply: flume::Sender<Option<(Timestamp, Vec<PlanFile>)>>,
     },
+    /// From a remote shard's proxy: the member that ran `shard` was lost, and the shard starts
+    /// again from the newest complete checkpoint on a new run of it, which replays what came
+    /// after. Comes before any report of the new run.
+    ShardRestarted { shard: u16 },
     /// From the coordinator's timer: expire leases, persist HWM.
     Tick,
     /// From the node: persist and stop.

@@ -55,6 +55,14 @@ impl PlanFiles {
         }
     }
 
+    /// Shard `shard` starts again from a checkpoint: the files it lists from now on are the
+    /// ones its new run reports (its restored image's, then those it combines).
+    pub fn drop_shard(&mut self, shard: u16) {
+        for files in self.tables.values_mut() {
+            files.retain(|_, f| f.shard != shard);
+        }
+    }
+
     /// The files of `table` a query at `snapshot` reads.
     pub fn plan(&self, table: TableId, snapshot: Timestamp) -> Vec<PlanFile> {
         self.tables

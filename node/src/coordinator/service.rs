@@ -4,7 +4,6 @@
 //! begins, which end when it closes.
 
 use std::cell::Cell;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -15,7 +14,7 @@ use super::error::BeginRefused;
 use super::msg::CoordMsg;
 use super::query::{LOCAL, Owner};
 use crate::catalog::Catalog;
-use crate::rpc::{Bootstrap, MAX_TABLE_NAME_BYTES, Service, accept_loop, stopped};
+use crate::rpc::{Bootstrap, MAX_TABLE_NAME_BYTES, ScanAddrs, Service, accept_loop, stopped};
 
 /// Serves the coordinator on an already bound listener until the executor stops.
 pub async fn serve(
@@ -24,7 +23,7 @@ pub async fn serve(
     catalog: Arc<Catalog>,
     auth_token: Option<String>,
     lease_ms: u64,
-    shards: Vec<SocketAddr>,
+    shards: ScanAddrs,
     store_url: String,
 ) {
     let shared = Rc::new(CoordinatorShared {
@@ -67,7 +66,7 @@ struct CoordinatorShared {
     catalog: Arc<Catalog>,
     lease_ms: u64,
     /// Each shard's scan-service address, by shard.
-    shards: Vec<SocketAddr>,
+    shards: ScanAddrs,
     /// Where the plan's paths are.
     store_url: String,
 }
@@ -221,6 +220,7 @@ impl coordinator::Server for CoordinatorService {
             result.init_error().set_lease_expired(id);
             return Ok(());
         };
+        let shards = self.shards.read().expect("scan addresses").clone();
         let mut plan = result.init_ok();
         plan.set_snapshot(snapshot.get());
         plan.set_store_url(&self.store_url);
@@ -237,7 +237,7 @@ impl coordinator::Server for CoordinatorService {
             e.set_bytes(f.bytes);
             let mut owner = e.reborrow().init_owner();
             owner.set_shard(f.shard);
-            owner.set_address(self.shards[f.shard as usize].to_string());
+            owner.set_address(shards[f.shard as usize].to_string());
             let mut groups = e.init_row_groups(f.row_groups.len() as u32);
             for (j, g) in f.row_groups.iter().enumerate() {
                 let mut rg = groups.reborrow().get(j as u32);
@@ -247,8 +247,8 @@ impl coordinator::Server for CoordinatorService {
                 rg.set_max_create_ts(g.max_create_ts);
             }
         }
-        let mut buffers = plan.init_buffers(self.shards.len() as u32);
-        for (i, addr) in self.shards.iter().enumerate() {
+        let mut buffers = plan.init_buffers(shards.len() as u32);
+        for (i, addr) in shards.iter().enumerate() {
             let mut e = buffers.reborrow().get(i as u32);
             e.set_shard(i as u16);
             e.set_address(addr.to_string());

@@ -67,6 +67,9 @@ pub struct CoordinatorState {
     replay_stopped: bool,
     /// Every table's regular files, for scan plans.
     files: PlanFiles,
+    /// Shards started again from a checkpoint ([`Self::shard_restarted`]) that have not yet
+    /// applied as far as their lost run had.
+    restarted: std::collections::BTreeSet<u16>,
 }
 
 impl CoordinatorState {
@@ -92,6 +95,7 @@ impl CoordinatorState {
             ready_at: (!await_source).then(|| persisted.hwm.snapshot()),
             replay_stopped: false,
             files: PlanFiles::default(),
+            restarted: Default::default(),
         }
     }
 
@@ -339,6 +343,11 @@ impl CoordinatorState {
             .applied
             .get_mut(usize::from(shard))
             .ok_or(CoordinatorError::UnknownShard(shard))?;
+        if ts < *slot && self.restarted.contains(&shard) {
+            // Catching up: HWM stays where the lost run left it.
+            return Ok(None);
+        }
+        self.restarted.remove(&shard);
         if ts < *slot {
             return Err(CoordinatorError::AppliedBackwards {
                 shard,
@@ -361,6 +370,24 @@ impl CoordinatorState {
             return Ok(Some(hwm));
         }
         Ok(None)
+    }
+
+    /// Shard `shard` starts again from the newest complete checkpoint on a new run of it (its
+    /// member was lost): plans list the files the new run reports, its applied timestamps are
+    /// news only once they pass where the lost run was (HWM never goes back), and a visibility
+    /// checkpoint asked of the lost run is failed (its query holds LWM as any other).
+    pub fn shard_restarted(&mut self, shard: u16) -> Result<(), CoordinatorError> {
+        if usize::from(shard) >= self.applied.len() {
+            return Err(CoordinatorError::UnknownShard(shard));
+        }
+        self.files.drop_shard(shard);
+        self.restarted.insert(shard);
+        for q in self.queries.values_mut() {
+            if matches!(q.vis, VisCheckpoint::Pending(_)) {
+                q.vis = VisCheckpoint::Failed;
+            }
+        }
+        Ok(())
     }
 
     /// Begins a query of `owner` at `snapshot = HWM - 1` with a lease until `now_ms +

@@ -280,3 +280,43 @@ fn every_step_keeps_the_invariants() {
         }
     }
 }
+
+#[test]
+fn a_shard_started_again_catches_up_without_moving_hwm_back() {
+    let mut c = CoordinatorState::new(2, Persisted::default(), false);
+    c.allocate(20).unwrap();
+    let file = |shard: u16, id: u64| PlanFile {
+        file: FileId::new(shard, id),
+        path: format!("tables/t/{id}.parquet").into(),
+        bytes: 1,
+        shard,
+        row_groups: Vec::new(),
+        min_snapshot: Timestamp::GENESIS,
+        superseded_from: None,
+    };
+    c.file_added(0, file(0, 1));
+    c.file_added(0, file(1, 2));
+    c.applied(0, ts(15)).unwrap();
+    c.applied(1, ts(12)).unwrap();
+    assert_eq!(c.hwm().snapshot(), ts(12));
+    let (q, _) = c.begin_query(LOCAL, 0, 1000).unwrap();
+    // Shard 1's member is lost: a new run of it starts from a checkpoint at 5.
+    c.shard_restarted(1).unwrap();
+    let plan = |c: &mut CoordinatorState| {
+        let (_, files) = c.plan(LOCAL, q, 0, 0, 1000).unwrap();
+        files.into_iter().map(|f| f.file).collect::<Vec<_>>()
+    };
+    assert_eq!(plan(&mut c), [FileId::new(0, 1)], "the lost run's files leave the plans");
+    assert_eq!(c.applied(1, ts(5)).unwrap(), None, "catching up is not news");
+    assert_eq!(c.applied(1, ts(11)).unwrap(), None);
+    assert_eq!(c.hwm().snapshot(), ts(12), "HWM never goes back");
+    c.file_added(0, file(1, 3));
+    assert_eq!(plan(&mut c), [FileId::new(0, 1), FileId::new(1, 3)]);
+    assert_eq!(
+        c.applied(1, ts(14)).unwrap(),
+        Some(Hwm::after(ts(14)).unwrap())
+    );
+    // Caught up: applied goes back no more.
+    assert!(c.applied(1, ts(13)).is_err());
+    assert!(c.shard_restarted(2).is_err());
+}

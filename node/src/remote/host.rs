@@ -18,7 +18,7 @@ use retina_storage::{Shard, Timestamp};
 use super::msg::{shard_msg, up};
 use super::wire::{Enc, Hello, Kind, read_frame, write_frame};
 use crate::catalog::Catalog;
-use crate::cluster::epoch_base;
+use crate::cluster::{MAX_GENERATION, generation_base};
 use crate::coordinator::actor::CONTROL_QUEUE;
 use crate::coordinator::{CoordMsg, checkpoint_dir};
 use crate::error::NodeError;
@@ -248,14 +248,14 @@ fn session(mut stream: TcpStream, shared: &Arc<Shared>) -> Result<(), String> {
         return refuse(&mut stream, reason);
     }
     let started = start_shard(shared, shard, &hello);
-    let (executor, queues, scan) = match started {
+    let (executor, queues, scan, files) = match started {
         Ok(s) => s,
         Err(reason) => {
             forget(shared, shard, hello.epoch);
             return refuse(&mut stream, reason);
         }
     };
-    let ran = run(stream, shared, shard, &hello, executor, queues, scan);
+    let ran = run(stream, shared, shard, &hello, executor, queues, scan, files);
     forget(shared, shard, hello.epoch);
     drop(ended_tx);
     ran
@@ -270,6 +270,12 @@ fn admit(
     stream: &TcpStream,
     ended: flume::Receiver<()>,
 ) -> Result<(), String> {
+    if hello.generation > MAX_GENERATION {
+        return Err(format!(
+            "generation {} of shard {shard} is past the last ({MAX_GENERATION})",
+            hello.generation
+        ));
+    }
     if shard >= hello.shards {
         return Err(format!("shard {shard} of {} does not exist", hello.shards));
     }
@@ -321,15 +327,25 @@ struct Queues {
     status: Arc<NodeStatus>,
 }
 
+/// What a started shard's session runs: its executor, its queues, its scan service's address,
+/// and the regular files a shard started again reports first (see [`restored_files`]).
+type Started = (
+    glommio::ExecutorJoinHandle<()>,
+    Queues,
+    SocketAddr,
+    Vec<CoordMsg>,
+);
+
 /// Restores the shard, binds its scan service and starts its executor.
-fn start_shard(
-    shared: &Shared,
-    shard: u16,
-    hello: &Hello,
-) -> Result<(glommio::ExecutorJoinHandle<()>, Queues, SocketAddr), String> {
+fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, String> {
     let options = &shared.options;
     let mut state = restore(shared, shard, hello)?;
-    state.skip_file_seq_to(epoch_base(hello.epoch));
+    state.skip_file_seq_to(generation_base(hello.epoch, hello.generation));
+    let files = if hello.generation > 0 {
+        restored_files(shared, &state)?
+    } else {
+        Vec::new()
+    };
     let scan_listener = bind_scan(options.peer, shard)?;
     let scan = scan_listener.local_addr().map_err(|e| e.to_string())?;
     let window = usize::try_from(hello.window).unwrap_or(usize::MAX).max(1);
@@ -393,7 +409,30 @@ fn start_shard(
             status,
         },
         scan,
+        files,
     ))
+}
+
+/// The regular files of a shard started again from a checkpoint: the leader dropped its lost
+/// run's from the scan plans, and lists these (then those the shard combines) instead.
+fn restored_files(shared: &Shared, state: &Shard) -> Result<Vec<CoordMsg>, String> {
+    let size = |path: &object_store::path::Path| {
+        let (store, p) = (shared.store.clone(), path.clone());
+        let head = shared.rt.spawn(async move { store.head(&p).await });
+        futures::executor::block_on(head)
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map(|m| m.size).map_err(|e| e.to_string()))
+            .map_err(|e| NodeError::Lake {
+                lake: shared.lake.clone(),
+                reason: format!("{path}, which the checkpoint reads: {e}"),
+            })
+    };
+    let files = crate::recovery::shard_plan_files(state, &shared.options.catalog, size)
+        .map_err(|e| e.to_string())?;
+    Ok(files
+        .into_iter()
+        .map(|(table, file)| CoordMsg::FileAdded { table, file })
+        .collect())
 }
 
 /// Shard `shard` as `hello`'s checkpoint left it (its image fetched from the lake), or empty.
@@ -454,6 +493,7 @@ fn run(
     executor: glommio::ExecutorJoinHandle<()>,
     queues: Queues,
     scan: SocketAddr,
+    files: Vec<CoordMsg>,
 ) -> Result<(), String> {
     let out = Arc::new(Mutex::new(stream.try_clone().map_err(|e| e.to_string())?));
     let send = |kind: Kind, body: &[u8]| {
@@ -483,7 +523,15 @@ fn run(
             })
             .map_err(|e| e.to_string())?
     };
-    let ready = send(Kind::Ready, &Enc::default().str(&scan.to_string()).0);
+    let ready = send(Kind::Ready, &Enc::default().str(&scan.to_string()).0).and_then(|()| {
+        files.iter().try_for_each(|msg| match up(msg) {
+            Some((kind, about, body)) => {
+                let mut s = out.lock().expect("stream");
+                write_frame(&mut *s, kind, about, &body)
+            }
+            None => Ok(()),
+        })
+    });
     tracing::info!(
         "running shard {shard} of {} for leadership {} (from {}), scan service on {scan}",
         hello.shards,

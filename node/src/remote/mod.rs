@@ -12,10 +12,14 @@
 //!   checkpoint the leader started from (its image fetched from the lake), with its own scan
 //!   service, which the scan plans name for that shard's files and write buffer.
 //!
-//! A connection that ends while the leader runs fails the leader's node: HWM stays where
-//! the shard left it (queries go on at the last consistent snapshot), and the leader starts
-//! again from the newest checkpoint with the next epoch, placing the shards over the members
-//! that are live then (a restarted member rejoins; one whose lease expired is left out).
+//! A connection that ends while the leader runs starts that shard again, alone: HWM stays
+//! where the shard left it, the proxy connects a new run of it ([`Rejoiner`]: on the same
+//! member once it is back, else, once the member's lease expired, on the live member with the
+//! fewest shards), and sends it the batches since the newest complete checkpoint again. The
+//! other shards go on. Where that cannot be (no other member, or more batches since the
+//! checkpoint than a proxy keeps), the leader's node fails, and the leader starts every shard
+//! again from the newest checkpoint with the next epoch, placing them over the members that
+//! are live then.
 //!
 //! Frames: [`wire`]; the actors' messages in them: [`msg`].
 
@@ -24,15 +28,32 @@ pub mod msg;
 pub mod proxy;
 pub mod wire;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use retina_storage::Timestamp;
+
 use crate::cluster::{ClusterError, Member, Placement};
+use crate::rpc::ScanAddrs;
 pub use host::{Host, HostOptions, HostStatus};
-pub use proxy::Connected;
+pub use proxy::{Connected, Rejoin};
 pub use wire::Hello;
 
 /// How long a leader waits for a placed member that does not answer while its lease stands.
 const PLACE_WITHIN: Duration = Duration::from_secs(120);
+/// How long a lost shard waits for its member to register again once its lease expired (a
+/// restarted member registers once its old lease is gone), before it moves to another.
+const MOVE_AFTER: Duration = Duration::from_secs(3);
+
+/// Where a leader placed the shards, and the connections to the members for theirs (`None`:
+/// this node's own).
+pub struct Placed {
+    pub connections: Vec<Option<Connected>>,
+    pub placement: Placement,
+    /// The nodes placed over, this leader first.
+    pub nodes: Vec<String>,
+}
 
 /// Places `shards` shards over this leader and the cluster's live hosts, and connects to the
 /// hosts for theirs: a connection per shard placed elsewhere (`None`: this node's own). A
@@ -42,7 +63,7 @@ pub fn place(
     member: &Member,
     shards: u16,
     hello: &Hello,
-) -> Result<Vec<Option<Connected>>, ClusterError> {
+) -> Result<Placed, ClusterError> {
     let deadline = Instant::now() + PLACE_WITHIN;
     let mut last_error = String::new();
     loop {
@@ -80,7 +101,11 @@ pub fn place(
                     .collect::<Vec<_>>()
                     .join(" ")
             );
-            return Ok(connected);
+            return Ok(Placed {
+                connections: connected,
+                placement,
+                nodes,
+            });
         };
         // The connections made go: their hosts end those sessions.
         drop(connected);
@@ -98,5 +123,107 @@ pub fn place(
             last_error = error;
         }
         std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Starts lost shards again for a leader ([`proxy::Rejoin`]): on the member that ran the shard
+/// once it answers again (a restarted member, same id), else, once that member's registration
+/// is gone for [`MOVE_AFTER`], on the live member that runs the fewest shards. Records each
+/// move in the placement, and points the scan plans at the new run's scan service.
+pub struct Rejoiner {
+    member: Arc<Member>,
+    hello: Hello,
+    scan: ScanAddrs,
+    placement: Mutex<Placement>,
+    /// When each lost shard's member was first seen unregistered.
+    gone_since: Mutex<HashMap<u16, Instant>>,
+}
+
+impl Rejoiner {
+    pub fn new(member: Arc<Member>, hello: Hello, placed: Placement, scan: ScanAddrs) -> Self {
+        Rejoiner {
+            member,
+            hello,
+            scan,
+            placement: Mutex::new(placed),
+            gone_since: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Rejoin for Rejoiner {
+    fn rejoin(
+        &self,
+        shard: u16,
+        generation: u32,
+        from: Option<(u64, Timestamp)>,
+    ) -> Result<Option<Connected>, String> {
+        let leader = self.member.node_id().to_owned();
+        if !self.member.clock().valid() {
+            return Err("this leader's cluster lease expired".into());
+        }
+        let hosts = match self.member.hosts() {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!("shard {shard}: listing the members: {e}");
+                return Ok(None);
+            }
+        };
+        let owner = self.placement.lock().expect("placement").owners[usize::from(shard)].clone();
+        let target = match hosts.iter().find(|(id, _)| *id == owner) {
+            Some(host) => host.clone(),
+            None => {
+                let since = *self
+                    .gone_since
+                    .lock()
+                    .expect("gone")
+                    .entry(shard)
+                    .or_insert_with(Instant::now);
+                if since.elapsed() < MOVE_AFTER {
+                    return Ok(None);
+                }
+                let placement = self.placement.lock().expect("placement");
+                let load = |id: &String| placement.owners.iter().filter(|o| *o == id).count();
+                hosts
+                    .iter()
+                    .min_by_key(|(id, _)| (load(id), id.clone()))
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!("node {owner} is gone and no other member runs shards")
+                    })?
+            }
+        };
+        let hello = Hello {
+            generation,
+            checkpoint: from,
+            catalog: self.hello.catalog.clone(),
+            ..self.hello
+        };
+        let conn = match proxy::connect(shard, &target.0, &target.1, &hello) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!("shard {shard} on node {}: {e}", target.0);
+                return Ok(None);
+            }
+        };
+        self.gone_since.lock().expect("gone").remove(&shard);
+        if let Some(addr) = self.scan.write().expect("scan addresses").get_mut(usize::from(shard)) {
+            *addr = conn.scan;
+        }
+        if target.0 != owner {
+            let mut placement = self.placement.lock().expect("placement");
+            placement.owners[usize::from(shard)] = target.0.clone();
+            let mut nodes = vec![leader];
+            for o in &placement.owners {
+                if !nodes.contains(o) {
+                    nodes.push(o.clone());
+                }
+            }
+            self.member
+                .save_placement(&placement, &nodes)
+                .map_err(|e| e.to_string())?;
+            tracing::info!("shard {shard} moved from node {owner} to node {}", target.0);
+        }
+        Ok(Some(conn))
     }
 }

@@ -254,6 +254,11 @@ pub struct Hello {
     pub checkpoints: bool,
     /// The checkpoint's id and timestamp.
     pub checkpoint: Option<(u64, Timestamp)>,
+    /// How many times the leader started this shard again in this leadership, after the
+    /// member that ran it was lost ([`crate::remote::proxy`]): 0 at placement. Each
+    /// generation numbers its files from a base of its own ([`generation_base`]), so a
+    /// restarted shard never names an object as the lost run of it may have.
+    pub generation: u32,
     /// The catalog's description ([`crate::catalog::Catalog::describe`]): a host whose
     /// tables differ refuses.
     pub catalog: String,
@@ -269,6 +274,7 @@ impl Hello {
             .u64(u64::from(self.checkpoints))
             .u64(id)
             .u64(ts)
+            .u64(u64::from(self.generation))
             .str(&self.catalog)
             .0
     }
@@ -282,6 +288,8 @@ impl Hello {
         let checkpoints = d.u64("whether the leader takes checkpoints")? != 0;
         let id = d.u64("the checkpoint")?;
         let ts = d.u64("the checkpoint's timestamp")?;
+        let generation = u32::try_from(d.u64("the generation")?)
+            .map_err(|_| "the generation does not fit 32 bits".to_owned())?;
         let checkpoint = match id {
             0 => None,
             id => Some((
@@ -295,6 +303,7 @@ impl Hello {
             window,
             checkpoints,
             checkpoint,
+            generation,
             catalog: d.str("the catalog")?,
         })
     }
@@ -312,6 +321,7 @@ mod tests {
             window: 64,
             checkpoints: true,
             checkpoint: Some(((3 << 32) + 1, Timestamp::new(99).unwrap())),
+            generation: 2,
             catalog: "t(id BIGINT)".into(),
         };
         let file = PlanFile {

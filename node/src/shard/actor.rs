@@ -73,6 +73,10 @@ pub struct ShardActor {
     stopped: bool,
     /// Checkpoint images being written: the actor waits for them before it ends.
     writing: Rc<std::cell::Cell<usize>>,
+    /// Queries at a snapshot this shard has not applied through yet (a shard started again
+    /// from a checkpoint while the others went on): served, and known to the coordinator,
+    /// once it has.
+    behind: Vec<(QueryId, Timestamp, u64)>,
 }
 
 impl ShardActor {
@@ -138,6 +142,7 @@ impl ShardActor {
             queries,
             stopped: false,
             writing: Rc::default(),
+            behind: Vec::new(),
         };
         let mut control_open = true;
         while let Some(msg) = next(&control, &data, &mut control_open).await {
@@ -185,7 +190,10 @@ impl ShardActor {
                 snapshot,
                 secret,
             } => self.on_query_begun(query, snapshot, secret).await,
-            ShardMsg::QueryEnded { query } => self.queries.borrow_mut().ended(query),
+            ShardMsg::QueryEnded { query } => {
+                self.behind.retain(|(q, _, _)| *q != query);
+                self.queries.borrow_mut().ended(query)
+            }
             ShardMsg::Checkpoint { id, ts } => self.on_checkpoint(id, ts).await,
             ShardMsg::Flushed {
                 table,
@@ -220,6 +228,15 @@ impl ShardActor {
                 ts: through,
             })
             .await;
+        if !self.behind.is_empty() {
+            let (now, later) = std::mem::take(&mut self.behind)
+                .into_iter()
+                .partition(|(_, snapshot, _)| *snapshot <= through);
+            self.behind = later;
+            for (query, snapshot, secret) in now {
+                self.on_query_begun(query, snapshot, secret).await;
+            }
+        }
     }
 
     /// Applies every transaction of the batch and advances to its "applied through".
@@ -467,8 +484,14 @@ impl ShardActor {
             .await;
     }
 
-    /// The scan service serves `query` from now on; the coordinator hears so.
+    /// The scan service serves `query` from now on; the coordinator hears so. A query at a
+    /// snapshot this shard has not reached waits until it has (a shard started again from a
+    /// checkpoint catches up while HWM, and the queries, stay where they were).
     async fn on_query_begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        if snapshot > self.shard.applied_through() {
+            self.behind.push((query, snapshot, secret));
+            return;
+        }
         self.queries.borrow_mut().begun(query, snapshot, secret);
         let _ = self
             .coord
