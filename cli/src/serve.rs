@@ -490,6 +490,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 Event::SinkDone(r) if r != run => {}
                 Event::HostLost if !node.handle().status().host_lost.load(Ordering::Acquire) => {}
                 Event::HostJoined if !member.as_ref().is_some_and(|m| host_joined(m)) => {}
+                // Moved to it from members that run more, while the other shards go on.
+                Event::HostJoined if node.rebalance() => {}
                 event => break event,
             }
         };
@@ -513,8 +515,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             }
             Event::HostJoined => {
                 tracing::info!(
-                    "a member that runs shards joined; starting again from the newest \
-                     checkpoint to place shards on it"
+                    "a member that runs shards joined, and the shards to spare run here; \
+                     starting again from the newest checkpoint to place shards on it"
                 );
                 let _ = sink.stop_and_join();
                 node = restart(node)?;
@@ -577,7 +579,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                             node = restart(node)?;
                             continue 'serve;
                         }
-                        Event::HostJoined if member.as_ref().is_some_and(|m| host_joined(m)) => {
+                        Event::HostJoined
+                            if member.as_ref().is_some_and(|m| host_joined(m))
+                                && !node.rebalance() =>
+                        {
                             node = restart(node)?;
                             continue 'serve;
                         }

@@ -141,6 +141,20 @@ impl Member {
         peer: bool,
     ) -> Member {
         let listen = retina_bench::ports::free_ports(2 * shards + 3);
+        Member::start_on(etcd, moto, dir, id, shards, peer, listen)
+    }
+
+    /// As [`Member::start_with`], on the ports from `listen` on (a member started again
+    /// keeps its addresses).
+    fn start_on(
+        etcd: &Etcd,
+        moto: &Moto,
+        dir: &Path,
+        id: &str,
+        shards: u16,
+        peer: bool,
+        listen: u16,
+    ) -> Member {
         let metrics = listen + shards + 1;
         let log = dir.join(format!("{id}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_retina"));
@@ -595,6 +609,45 @@ fn placed(status: &str) -> Vec<String> {
         .collect()
 }
 
+/// A long-lived client, as a query engine holds one: one connection to a coordinator service,
+/// and its connections to the scan services it read from.
+struct Engine {
+    rt: tokio::runtime::Runtime,
+    retina: retina_query::Retina,
+}
+
+impl Engine {
+    fn connect(port: u16, moto: &Moto) -> Engine {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let retina = retina_query::Retina::connect(addr, "")
+            .unwrap()
+            .with_object_store(
+                &url::Url::parse("s3://cluster-lake").unwrap(),
+                moto.bucket_store("cluster-lake"),
+            );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Engine { rt, retina }
+    }
+
+    /// The rows of `t` at a new snapshot.
+    fn count(&self) -> Result<u64, String> {
+        self.rt.block_on(async {
+            use arrow::array::AsArray;
+            use arrow::datatypes::Int64Type;
+            let session = self.retina.begin().await.map_err(|e| e.to_string())?;
+            let batches = session
+                .collect("SELECT count(*) FROM t")
+                .await
+                .map_err(|e| e.to_string())?;
+            let b = batches.first().ok_or("no batch")?;
+            Ok(b.column(0).as_primitive::<Int64Type>().value(0) as u64)
+        })
+    }
+}
+
 /// Waits until the current leadership placed shards on exactly `nodes` (the members'
 /// logs in the message if it never does).
 fn wait_placed(etcd: &Etcd, nodes: &[&str], members: &[&Member]) -> String {
@@ -728,18 +781,24 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
     // A member running a shard is killed during replay and started again: the leader starts
     // that shard alone on it again, from the newest checkpoint, while the other shards go on
     // (no new epoch, no new placement).
+    // A query engine's client holds its connections: one to a's coordinator, and one to
+    // each scan service it read from, c's among them.
+    let engine = Engine::connect(a.listen, &moto);
+    assert_eq!(engine.count(), Ok(source.model.len() as u64));
     let epoch = metric(a.metrics, "retina_cluster_epoch").unwrap();
     append(&input, &source.txns(300));
     std::thread::sleep(Duration::from_millis(200));
     c.kill();
     append(&input, &source.txns(300));
-    c = Member::start_with(&etcd, &moto, dir.path(), "c", 3, true);
+    c = Member::start_on(&etcd, &moto, dir.path(), "c", 3, true, c.listen);
     a.wait("replay with c's shard started again", "retina_hwm", |h| {
         h == source.hwm()
     });
-    a.wait("c's shard started again", "retina_shard_restarts_total", |n| {
-        n >= 1.0
-    });
+    a.wait(
+        "c's shard started again",
+        "retina_shard_restarts_total",
+        |n| n >= 1.0,
+    );
     assert_eq!(metric(a.metrics, "retina_cluster_epoch"), Some(epoch));
     assert!(
         a.log().contains("shard 2 runs again on node c"),
@@ -747,9 +806,14 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
         a.log()
     );
     let status = wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
-    assert!(status.contains("placement: 3 shards over 3 nodes"), "{status}");
+    assert!(
+        status.contains("placement: 3 shards over 3 nodes"),
+        "{status}"
+    );
     assert_eq!(a.table(&moto), source.table());
     assert_eq!(c.table(&moto), source.table());
+    // The engine's connection to c's scan service ended with the old run: it connects again.
+    assert_eq!(engine.count(), Ok(source.model.len() as u64));
 
     // A member killed for good: once its lease expired, its shard moves to the member with
     // the fewest shards (c), again without stopping the others.
@@ -768,19 +832,25 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
         "the leader moved b's shard to c: {log}"
     );
 
-    if std::env::var_os("RETINA_TEST_LOG").is_some() {
-        eprintln!("{}", a.log());
-    }
-    // b comes back: the leader starts again from its checkpoint (the next epoch) to give it
-    // shards.
+    // b comes back: c, which runs two shards, hands one over to it (the old run stops after
+    // what it was sent, a new one starts on b from the newest checkpoint), still without
+    // stopping the others.
     b = Member::start_with(&etcd, &moto, dir.path(), "b", 3, true);
     wait_placed(&etcd, &["a", "b", "c"], &[&a, &b, &c]);
     append(&input, &source.txns(300));
     a.wait("replay over three members again", "retina_hwm", |h| {
         h == source.hwm()
     });
-    assert!(metric(a.metrics, "retina_cluster_epoch").is_some_and(|e| e > epoch));
+    assert_eq!(metric(a.metrics, "retina_cluster_epoch"), Some(epoch));
+    let log = a.log();
+    assert!(
+        log.contains("moving shard 2 from node c to node b"),
+        "the leader moved a shard of c's to b: {log}"
+    );
     assert_eq!(b.table(&moto), source.table());
+    if std::env::var_os("RETINA_TEST_LOG").is_some() {
+        eprintln!("{}", a.log());
+    }
 
     // The leader is killed: a member that ran shards for it leads, over the members left.
     append(&input, &source.txns(300));

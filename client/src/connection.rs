@@ -287,11 +287,12 @@ impl Worker {
                 row_groups,
                 reply,
             } => {
-                let scan = self.scan(service).await;
-                let r = match scan {
-                    Ok(s) => calls::bitmaps(&s, &query, file, &row_groups).await,
-                    Err(e) => Err(e),
-                };
+                let r = self
+                    .on_scan(service, |s| {
+                        let (query, row_groups) = (&query, &row_groups);
+                        async move { calls::bitmaps(&s, query, file, row_groups).await }
+                    })
+                    .await;
                 let _ = reply.send(r);
             }
             Call::Buffer {
@@ -302,10 +303,12 @@ impl Worker {
                 columns,
                 reply,
             } => {
-                let r = match self.scan(service).await {
-                    Ok(s) => calls::write_buffer(&s, &query, table, &known, &columns).await,
-                    Err(e) => Err(e),
-                };
+                let r = self
+                    .on_scan(service, |s| {
+                        let (query, known, columns) = (&query, &known, &columns);
+                        async move { calls::write_buffer(&s, query, table, known, columns).await }
+                    })
+                    .await;
                 let _ = reply.send(r);
             }
         }
@@ -360,6 +363,28 @@ impl Worker {
 
     async fn plan(&self, query: u64, table: &str) -> Result<ScanPlan, ClientError> {
         calls::plan(&self.coordinator, query, table).await
+    }
+
+    /// Calls the scan service at `addr`. A connection that ended (a cluster member that ran
+    /// the shard was started again, or its shard moved to a run at the same address) is
+    /// dropped, and the call made once more on a new one: the new run knows the running
+    /// queries once it caught up with them.
+    async fn on_scan<T, F>(
+        &self,
+        addr: SocketAddr,
+        call: impl Fn(scan_service::Client) -> F,
+    ) -> Result<T, ClientError>
+    where
+        F: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let r = call(self.scan(addr).await?).await;
+        match r {
+            Err(e) if e.is_disconnected() => {
+                self.scans.borrow_mut().remove(&addr);
+                call(self.scan(addr).await?).await
+            }
+            r => r,
+        }
     }
 
     async fn scan(&self, addr: SocketAddr) -> Result<scan_service::Client, ClientError> {

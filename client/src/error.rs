@@ -25,6 +25,14 @@ pub enum ClientError {
     Closed,
 }
 
+impl ClientError {
+    /// Whether the connection to the service ended (its process stopped, or it was started
+    /// again): a new connection may succeed.
+    pub fn is_disconnected(&self) -> bool {
+        matches!(self, ClientError::Rpc(e) if e.kind == capnp::ErrorKind::Disconnected)
+    }
+}
+
 impl From<std::str::Utf8Error> for ClientError {
     fn from(e: std::str::Utf8Error) -> Self {
         ClientError::Rpc(e.into())

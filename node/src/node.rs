@@ -92,6 +92,8 @@ pub struct Node {
     executors: Vec<glommio::ExecutorJoinHandle<()>>,
     /// The threads of the shards other members run ([`crate::remote::proxy`]).
     remote: Vec<std::thread::JoinHandle<()>>,
+    /// A cluster's leader: starts those shards again, or moves them.
+    rejoin: Option<Arc<crate::remote::Rejoiner>>,
     io_thread: Option<std::thread::JoinHandle<()>>,
     io: flume::Sender<IoRequest>,
 }
@@ -328,16 +330,15 @@ impl Node {
         let mut scan_listeners = scan_listeners.into_iter();
         let scan_addrs: crate::rpc::ScanAddrs = Arc::new(std::sync::RwLock::new(scan_addrs));
         // A remote shard whose member is lost starts again on a live member, alone.
-        let rejoin: Option<Arc<dyn crate::remote::Rejoin>> =
-            match (&options.cluster, placement) {
-                (Some(member), Some(placement)) => Some(Arc::new(crate::remote::Rejoiner::new(
-                    member.clone(),
-                    hello,
-                    placement,
-                    scan_addrs.clone(),
-                ))),
-                _ => None,
-            };
+        let rejoin: Option<Arc<crate::remote::Rejoiner>> = match (&options.cluster, placement) {
+            (Some(member), Some(placement)) => Some(Arc::new(crate::remote::Rejoiner::new(
+                member.clone(),
+                hello,
+                placement,
+                scan_addrs.clone(),
+            ))),
+            _ => None,
+        };
 
         // Every shard's queues, created first: the coordinator sends to shards too. The data
         // queue bounds the batches in flight; the control queue is the coordinator's.
@@ -447,7 +448,8 @@ impl Node {
                         status: status.clone(),
                         window: settings.shard_queue_batches as u64,
                         from: persisted.checkpoint.map(|c| (c.id, c.ts)),
-                        rejoin: rejoin.clone(),
+                        rejoin: rejoin.clone().map(|r| r as Arc<dyn crate::remote::Rejoin>),
+                        moves: rejoin.as_ref().map(|r| r.mover(id)),
                     },
                 )
                 .map_err(|e| NodeError::Executor {
@@ -511,6 +513,7 @@ impl Node {
             coordinator,
             executors,
             remote: remote_threads,
+            rejoin,
             io_thread: Some(io_thread),
             io: io_tx,
         })
@@ -518,6 +521,13 @@ impl Node {
 
     pub fn handle(&self) -> &NodeHandle {
         &self.handle
+    }
+
+    /// A cluster's leader: gives members that run no shard shards from members that run more,
+    /// without stopping the others; false where that cannot place every such member (see
+    /// [`crate::remote::Rejoiner::rebalance`]), or on a node that is no cluster's leader.
+    pub fn rebalance(&self) -> bool {
+        self.rejoin.as_ref().is_some_and(|r| r.rebalance())
     }
 
     /// Where each shard's scan service listens, by shard (empty without `listen`).

@@ -9,6 +9,18 @@
 //!   --cluster` does) answers with every transaction the file held at the kill: the takeover,
 //!   the checkpoint fetched from the lake, and the replay from it.
 //!
+//! With `--kill member`, the leader runs one shard and two members (`--peer`) one each, and
+//! the members are killed instead; measured from each kill, until a query through the leader
+//! answers with every transaction the file held at the kill:
+//!
+//! - member back: a member is killed and started again at once; the leader starts its shard
+//!   alone again on it once it registered (after its old lease expired), from the newest
+//!   checkpoint, while the other shards go on;
+//! - member gone: a member is killed for good; once its lease expired (and a grace for it to
+//!   come back), its shard starts on the other member.
+//!
+//! The leadership's epoch is checked to stay the same: no restart of the leader's node.
+//!
 //! Each lease TTL is run `--runs` times (a new cluster prefix and lake prefix each time); the
 //! medians go to `bench/results/failover.jsonl`.
 
@@ -223,7 +235,16 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// A member that runs shards for the leader: its `--peer` is the port after its own ones.
+    fn host(&self, id: &str, listen: u16) -> anyhow::Result<Serve> {
+        self.spawn(id, listen, Some(listen + self.shards + 1))
+    }
+
     fn serve(&self, id: &str, listen: u16) -> anyhow::Result<Serve> {
+        self.spawn(id, listen, None)
+    }
+
+    fn spawn(&self, id: &str, listen: u16, peer: Option<u16>) -> anyhow::Result<Serve> {
         let mut args = member_args(
             self.dir,
             &self.cluster,
@@ -238,6 +259,9 @@ impl Run<'_> {
                 .into_iter()
                 .chain([format!("127.0.0.1:{listen}")]),
         );
+        if let Some(peer) = peer {
+            args.extend(["--peer".into(), format!("127.0.0.1:{peer}")]);
+        }
         spawn_serve(self.dir, self.moto, id, &args)
     }
 }
@@ -340,7 +364,22 @@ pub(super) fn wait_for<T>(
     }
 }
 
-pub(super) fn run(ttls: &[u64], runs: usize, rate: u64, shards: u16) -> anyhow::Result<()> {
+/// Which process `retina bench failover` kills.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kill {
+    /// The leader: a standby takes over.
+    Leader,
+    /// Members that run shards for the leader: their shards start again alone.
+    Member,
+}
+
+pub(super) fn run(
+    ttls: &[u64],
+    runs: usize,
+    rate: u64,
+    shards: u16,
+    kill: Kill,
+) -> anyhow::Result<()> {
     let etcd = Etcd::start().context("etcd is needed: apt-get install etcd-server")?;
     let moto = Moto::start().context("moto_server is needed: pip install 'moto[server]'")?;
     moto.create_bucket(BUCKET);
@@ -350,11 +389,22 @@ pub(super) fn run(ttls: &[u64], runs: usize, rate: u64, shards: u16) -> anyhow::
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    println!(
-        "failover: a leader and a standby on etcd and S3 (loopback), {rate} txns/s appended, \
-         checkpoints every 1 s, {shards} shards, {runs} runs per lease"
-    );
+    if kill == Kill::Member {
+        println!(
+            "failover of members: a leader and two members running a shard each, on etcd and S3 \
+             (loopback), {rate} txns/s appended, checkpoints every 1 s, {runs} runs per lease"
+        );
+    } else {
+        println!(
+            "failover: a leader and a standby on etcd and S3 (loopback), {rate} txns/s \
+             appended, checkpoints every 1 s, {shards} shards, {runs} runs per lease"
+        );
+    }
     for &ttl in ttls {
+        if kill == Kill::Member {
+            members(&moto, &etcd, &store, &catalog, &rt, ttl, runs, rate)?;
+            continue;
+        }
         let (mut takeovers, mut outages) = (Vec::new(), Vec::new());
         for r in 0..runs {
             let dir = tempfile::tempdir()?;
@@ -428,5 +478,120 @@ pub(super) fn run(ttls: &[u64], runs: usize, rate: u64, shards: u16) -> anyhow::
         )?;
         record("failover", &format!("outage_ms_lease_{ttl}s"), outage, "ms")?;
     }
+    Ok(())
+}
+
+/// `--kill member` at lease `ttl`: see the module's documentation.
+#[allow(clippy::too_many_arguments)]
+fn members(
+    moto: &Moto,
+    etcd: &Etcd,
+    store: &Arc<dyn object_store::ObjectStore>,
+    catalog: &Catalog,
+    rt: &tokio::runtime::Runtime,
+    ttl: u64,
+    runs: usize,
+    rate: u64,
+) -> anyhow::Result<()> {
+    const SHARDS: u16 = 3;
+    let (mut back, mut gone) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let dir = tempfile::tempdir()?;
+        let logs = |e: anyhow::Error| e.context(log_tails(dir.path(), &["a", "b", "c"]));
+        std::fs::write(dir.path().join("s.sql"), DDL)?;
+        let prefix = format!("members-lease-{ttl}-run-{r}-{}", std::process::id());
+        let run = Run {
+            moto,
+            dir: dir.path(),
+            cluster: etcd.url(&prefix),
+            lake: format!("s3://{BUCKET}/{prefix}"),
+            ttl,
+            shards: SHARDS,
+        };
+        let spec: ClusterSpec = run.cluster.parse().map_err(anyhow::Error::msg)?;
+        let writer = Writer::start(&dir.path().join("in.json"), catalog, rate)?;
+        let mut client = LeaderClient {
+            spec: &spec,
+            rt,
+            lake: url::Url::parse(&format!("s3://{BUCKET}"))?,
+            store: store.clone(),
+            connected: None,
+            last_error: String::new(),
+        };
+        // Each member: its listen and scan ports, then its peer and its scan services.
+        let stride = 2 * (SHARDS + 1);
+        let ports = retina_bench::ports::free_ports(3 * stride);
+        let _leader = run.serve("a", ports)?;
+        wait_for(
+            "a to lead and replay the preload",
+            Duration::from_secs(120),
+            || client.count().filter(|&n| n >= PRELOAD),
+        )?;
+        let _b = run.host("b", ports + stride)?;
+        let mut c = Some(run.host("c", ports + 2 * stride)?);
+        let placed_over = |n: usize| {
+            let s = Member::snapshot(&spec).ok()?;
+            let p = s.placement?;
+            let mut owners = p.owners.clone();
+            owners.sort();
+            owners.dedup();
+            (owners.len() == n).then_some(p)
+        };
+        wait_for("a shard on each member", Duration::from_secs(120), || {
+            placed_over(3)
+        })
+        .map_err(logs)?;
+        let epoch = Member::snapshot(&spec).map_err(anyhow::Error::msg)?.epoch;
+        let mut outage = |what: &str, kill: &mut dyn FnMut() -> anyhow::Result<()>| {
+            // A few checkpoints into the stream.
+            std::thread::sleep(Duration::from_secs(3));
+            let killed = Instant::now();
+            let at_kill = writer.written();
+            kill()?;
+            wait_for(what, Duration::from_secs(120), || {
+                client.count().filter(|&n| n >= at_kill)
+            })
+            .map_err(|e| logs(e.context(client.last_error.clone())))?;
+            anyhow::Ok(killed.elapsed().as_secs_f64() * 1e3)
+        };
+        let member_back = outage("c's shard to start again on c", &mut || {
+            drop(c.take());
+            c = Some(run.host("c", ports + 2 * stride)?);
+            Ok(())
+        })?;
+        let mut b = Some(_b);
+        let member_gone = outage("b's shard to move to c", &mut || {
+            drop(b.take());
+            Ok(())
+        })?;
+        let s = Member::snapshot(&spec).map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            s.epoch == epoch,
+            "the leader started again (epoch {} after {epoch}): {}",
+            s.epoch,
+            log_tails(dir.path(), &["a"])
+        );
+        println!(
+            "  lease {ttl} s, run {}: member back {member_back:.0} ms, member gone \
+             {member_gone:.0} ms",
+            r + 1
+        );
+        back.push(member_back);
+        gone.push(member_gone);
+    }
+    let (back, gone) = (median(&mut back), median(&mut gone));
+    println!("lease {ttl} s: member back {back:.0} ms, member gone {gone:.0} ms (medians)");
+    record(
+        "failover",
+        &format!("member_back_outage_ms_lease_{ttl}s"),
+        back,
+        "ms",
+    )?;
+    record(
+        "failover",
+        &format!("member_gone_outage_ms_lease_{ttl}s"),
+        gone,
+        "ms",
+    )?;
     Ok(())
 }

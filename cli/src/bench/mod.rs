@@ -232,6 +232,10 @@ enum BenchCommand {
         rate: u64,
         #[arg(long, default_value_t = 2)]
         shards: u16,
+        /// Which process is killed: the leader, or (one after the other) two members that run
+        /// one shard each for it (`--shards` is then 3).
+        #[arg(long, value_enum, default_value = "leader")]
+        kill: failover::Kill,
     },
     /// A cluster's shards over several members (`serve --cluster ... --peer`, processes on a
     /// real etcd and S3 server on loopback) against the same shards in one member: replay
@@ -339,7 +343,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             runs,
             rate,
             shards,
-        } => failover::run(&lease_ttl, runs, rate, shards),
+            kill,
+        } => failover::run(&lease_ttl, runs, rate, shards, kill),
         BenchCommand::Scale {
             nodes,
             shards_per_node,

@@ -187,7 +187,10 @@ pub const MAX_GENERATION: u32 = (1 << (EPOCH_SHIFT - GENERATION_SHIFT)) - 1;
 
 /// The first file sequence of generation `generation` of a shard in leadership `epoch`.
 pub fn generation_base(epoch: u64, generation: u32) -> u64 {
-    assert!(generation <= MAX_GENERATION, "generation {generation} is past the last");
+    assert!(
+        generation <= MAX_GENERATION,
+        "generation {generation} is past the last"
+    );
     epoch_base(epoch) + (u64::from(generation) << GENERATION_SHIFT)
 }
 

@@ -306,8 +306,16 @@ fn a_shard_started_again_catches_up_without_moving_hwm_back() {
         let (_, files) = c.plan(LOCAL, q, 0, 0, 1000).unwrap();
         files.into_iter().map(|f| f.file).collect::<Vec<_>>()
     };
-    assert_eq!(plan(&mut c), [FileId::new(0, 1)], "the lost run's files leave the plans");
-    assert_eq!(c.applied(1, ts(5)).unwrap(), None, "catching up is not news");
+    assert_eq!(
+        plan(&mut c),
+        [FileId::new(0, 1)],
+        "the lost run's files leave the plans"
+    );
+    assert_eq!(
+        c.applied(1, ts(5)).unwrap(),
+        None,
+        "catching up is not news"
+    );
     assert_eq!(c.applied(1, ts(11)).unwrap(), None);
     assert_eq!(c.hwm().snapshot(), ts(12), "HWM never goes back");
     c.file_added(0, file(1, 3));

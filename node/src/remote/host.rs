@@ -248,14 +248,14 @@ fn session(mut stream: TcpStream, shared: &Arc<Shared>) -> Result<(), String> {
         return refuse(&mut stream, reason);
     }
     let started = start_shard(shared, shard, &hello);
-    let (executor, queues, scan, files) = match started {
+    let started = match started {
         Ok(s) => s,
         Err(reason) => {
             forget(shared, shard, hello.epoch);
             return refuse(&mut stream, reason);
         }
     };
-    let ran = run(stream, shared, shard, &hello, executor, queues, scan, files);
+    let ran = run(stream, shared, shard, &hello, started);
     forget(shared, shard, hello.epoch);
     drop(ended_tx);
     ran
@@ -327,14 +327,15 @@ struct Queues {
     status: Arc<NodeStatus>,
 }
 
-/// What a started shard's session runs: its executor, its queues, its scan service's address,
-/// and the regular files a shard started again reports first (see [`restored_files`]).
-type Started = (
-    glommio::ExecutorJoinHandle<()>,
-    Queues,
-    SocketAddr,
-    Vec<CoordMsg>,
-);
+/// What a started shard's session runs.
+struct Started {
+    executor: glommio::ExecutorJoinHandle<()>,
+    queues: Queues,
+    /// Its scan service's address.
+    scan: SocketAddr,
+    /// What a shard started again reports first: its restored files ([`restored_files`]).
+    files: Vec<CoordMsg>,
+}
 
 /// Restores the shard, binds its scan service and starts its executor.
 fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, String> {
@@ -400,9 +401,9 @@ fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, St
         .io_memory(crate::node::EXECUTOR_IO_MEMORY)
         .spawn(move || ShardActor::run(setup, control_rx, data_rx))
         .map_err(|e| format!("starting shard {shard}: {e}"))?;
-    Ok((
+    Ok(Started {
         executor,
-        Queues {
+        queues: Queues {
             data,
             control,
             coord,
@@ -410,7 +411,7 @@ fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, St
         },
         scan,
         files,
-    ))
+    })
 }
 
 /// The regular files of a shard started again from a checkpoint: the leader dropped its lost
@@ -490,11 +491,14 @@ fn run(
     shared: &Shared,
     shard: u16,
     hello: &Hello,
-    executor: glommio::ExecutorJoinHandle<()>,
-    queues: Queues,
-    scan: SocketAddr,
-    files: Vec<CoordMsg>,
+    started: Started,
 ) -> Result<(), String> {
+    let Started {
+        executor,
+        queues,
+        scan,
+        files,
+    } = started;
     let out = Arc::new(Mutex::new(stream.try_clone().map_err(|e| e.to_string())?));
     let send = |kind: Kind, body: &[u8]| {
         let mut s = out.lock().expect("stream");

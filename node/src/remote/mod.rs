@@ -59,11 +59,7 @@ pub struct Placed {
 /// hosts for theirs: a connection per shard placed elsewhere (`None`: this node's own). A
 /// member that does not answer is waited for while it stays registered; once its lease
 /// expires the shards are placed again without it.
-pub fn place(
-    member: &Member,
-    shards: u16,
-    hello: &Hello,
-) -> Result<Placed, ClusterError> {
+pub fn place(member: &Member, shards: u16, hello: &Hello) -> Result<Placed, ClusterError> {
     let deadline = Instant::now() + PLACE_WITHIN;
     let mut last_error = String::new();
     loop {
@@ -137,6 +133,10 @@ pub struct Rejoiner {
     placement: Mutex<Placement>,
     /// When each lost shard's member was first seen unregistered.
     gone_since: Mutex<HashMap<u16, Instant>>,
+    /// Shards on their way to another member ([`Self::rebalance`]), and to which.
+    moving: Mutex<HashMap<u16, String>>,
+    /// Each remote shard's proxy, told to hand its shard over to a new run.
+    movers: Mutex<HashMap<u16, flume::Sender<()>>>,
 }
 
 impl Rejoiner {
@@ -147,7 +147,74 @@ impl Rejoiner {
             scan,
             placement: Mutex::new(placed),
             gone_since: Mutex::new(HashMap::new()),
+            moving: Mutex::new(HashMap::new()),
+            movers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The channel that tells shard `shard`'s proxy to move it ([`proxy::ProxySetup::moves`]).
+    pub fn mover(&self, shard: u16) -> flume::Receiver<()> {
+        let (tx, rx) = flume::bounded(1);
+        self.movers.lock().expect("movers").insert(shard, tx);
+        rx
+    }
+
+    /// Gives members that run no shard (a member that joined, or came back after its shards
+    /// moved) shards from the other members that run more than one more than they do, each
+    /// handed over as a lost shard is (the old run stops after what it was sent, a new run
+    /// starts on the new member from the newest complete checkpoint and is sent what came
+    /// after it) while the other shards go on. False when some such member gets no shard that
+    /// way (the shards to spare run on this leader itself): the leader then starts again to
+    /// place them.
+    pub fn rebalance(&self) -> bool {
+        let Ok(hosts) = self.member.hosts() else {
+            return false;
+        };
+        let leader = self.member.node_id();
+        let mut moving = self.moving.lock().expect("moving");
+        // Where each shard runs once the moves under way are done.
+        let mut owners = self.placement.lock().expect("placement").owners.clone();
+        for (shard, to) in moving.iter() {
+            owners[usize::from(*shard)] = to.clone();
+        }
+        let load = |owners: &[String], id: &str| owners.iter().filter(|o| *o == id).count();
+        let mut every_one_runs_shards = true;
+        let newcomers: Vec<String> = hosts
+            .iter()
+            .filter(|(id, _)| load(&owners, id) == 0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for newcomer in newcomers {
+            let donor = hosts
+                .iter()
+                .map(|(id, _)| id)
+                .filter(|id| *id != leader)
+                .max_by_key(|id| (load(&owners, id), std::cmp::Reverse((*id).clone())))
+                .filter(|id| load(&owners, id) > 1);
+            let Some(donor) = donor.cloned() else {
+                every_one_runs_shards = false;
+                continue;
+            };
+            let shard = owners
+                .iter()
+                .rposition(|o| *o == donor)
+                .expect("a donor's shard");
+            let shard = u16::try_from(shard).expect("shards fit u16");
+            let told = self
+                .movers
+                .lock()
+                .expect("movers")
+                .get(&shard)
+                .is_some_and(|tx| tx.try_send(()).is_ok() || tx.is_full());
+            if !told {
+                every_one_runs_shards = false;
+                continue;
+            }
+            tracing::info!("moving shard {shard} from node {donor} to node {newcomer}");
+            owners[usize::from(shard)] = newcomer.clone();
+            moving.insert(shard, newcomer.clone());
+        }
+        every_one_runs_shards
     }
 }
 
@@ -170,8 +237,20 @@ impl Rejoin for Rejoiner {
             }
         };
         let owner = self.placement.lock().expect("placement").owners[usize::from(shard)].clone();
-        let target = match hosts.iter().find(|(id, _)| *id == owner) {
-            Some(host) => host.clone(),
+        let planned = {
+            let mut moving = self.moving.lock().expect("moving");
+            let to = moving.get(&shard).cloned();
+            match to.and_then(|to| hosts.iter().find(|(id, _)| *id == to)) {
+                Some(host) => Some(host.clone()),
+                None => {
+                    // Its new member is gone: the shard goes where a lost one would.
+                    moving.remove(&shard);
+                    None
+                }
+            }
+        };
+        let target = match planned.or_else(|| hosts.iter().find(|(id, _)| *id == owner).cloned()) {
+            Some(host) => host,
             None => {
                 let since = *self
                     .gone_since
@@ -207,7 +286,13 @@ impl Rejoin for Rejoiner {
             }
         };
         self.gone_since.lock().expect("gone").remove(&shard);
-        if let Some(addr) = self.scan.write().expect("scan addresses").get_mut(usize::from(shard)) {
+        self.moving.lock().expect("moving").remove(&shard);
+        if let Some(addr) = self
+            .scan
+            .write()
+            .expect("scan addresses")
+            .get_mut(usize::from(shard))
+        {
             *addr = conn.scan;
         }
         if target.0 != owner {
@@ -225,5 +310,9 @@ impl Rejoin for Rejoiner {
             tracing::info!("shard {shard} moved from node {owner} to node {}", target.0);
         }
         Ok(Some(conn))
+    }
+
+    fn stays(&self, shard: u16) {
+        self.moving.lock().expect("moving").remove(&shard);
     }
 }

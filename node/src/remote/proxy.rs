@@ -100,6 +100,10 @@ pub trait Rejoin: Send + Sync {
         generation: u32,
         from: Option<(u64, Timestamp)>,
     ) -> Result<Option<Connected>, String>;
+
+    /// A move of `shard` asked for could not start (the proxy keeps too little to start a new
+    /// run): it stays where it runs.
+    fn stays(&self, shard: u16);
 }
 
 /// What the proxy of one remote shard works with.
@@ -114,6 +118,9 @@ pub struct ProxySetup {
     pub from: Option<(u64, Timestamp)>,
     /// How to start the shard again once its member is lost (`None`: the node fails).
     pub rejoin: Option<Arc<dyn Rejoin>>,
+    /// Asks the proxy to hand the shard over to a new run (which [`Rejoin`] places): the
+    /// current run stops after what it was sent, and the new one starts as after a loss.
+    pub moves: Option<flume::Receiver<()>>,
 }
 
 /// Runs the proxy of a connected remote shard until the node stops it, or its member is lost
@@ -184,6 +191,7 @@ enum Wake {
     Data(ShardMsg),
     Closed,
     Rejoined(Result<Option<Connected>, String>),
+    Move,
     Timeout,
 }
 
@@ -299,6 +307,9 @@ impl Proxy {
                 if self.wants_data() {
                     sel = sel.recv(&self.setup.data, |r| r.map_or(Wake::Closed, Wake::Data));
                 }
+                if let Some(moves) = &self.setup.moves {
+                    sel = sel.recv(moves, |r| r.map_or(Wake::Timeout, |()| Wake::Move));
+                }
                 if self.link.is_none() && rejoining.is_none() {
                     sel.wait_deadline(next_try).unwrap_or(Wake::Timeout)
                 } else {
@@ -338,9 +349,47 @@ impl Proxy {
                         Err(e) => return self.lost(e),
                     }
                 }
+                Wake::Move => {
+                    if self.hand_over() {
+                        next_try = Instant::now();
+                    }
+                }
                 Wake::Timeout => {}
             }
         }
+    }
+
+    /// Stops the current run so that a new one starts where [`Rejoin`] places it; false if
+    /// there is no run to stop, or a new one could not start from what the proxy keeps.
+    fn hand_over(&mut self) -> bool {
+        let rejoin = self
+            .setup
+            .rejoin
+            .clone()
+            .expect("a proxy asked to move has a rejoin");
+        if self.link.is_none() {
+            // Lost already: the next rejoin places it.
+            return false;
+        }
+        if !self.redo.whole || self.generation >= MAX_GENERATION {
+            tracing::warn!(
+                "shard {} stays where it runs: a new run of it could not start from what its \
+                 proxy keeps",
+                self.shard
+            );
+            rejoin.stays(self.shard);
+            return false;
+        }
+        tracing::info!(
+            "shard {}: its run stops after what it was sent, to start again on another member",
+            self.shard
+        );
+        self.close();
+        self.setup
+            .status
+            .shard_restarts
+            .fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Whether to take the next message off the data queue: one at a time while connected
@@ -534,7 +583,10 @@ impl Proxy {
             self.generation
         );
         // Before any report of the new run: the coordinator forgets the lost run's files.
-        let _ = self.setup.coord.send(CoordMsg::ShardRestarted { shard: self.shard });
+        let _ = self
+            .setup
+            .coord
+            .send(CoordMsg::ShardRestarted { shard: self.shard });
         self.open(conn)?;
         self.redo.rewind();
         if let Some(w) = self.watermarks {
@@ -642,11 +694,13 @@ impl Redo {
 
     /// The newest checkpoint the current run was sent the barrier of, or started from.
     fn newest_sent_checkpoint(&self) -> u64 {
-        let sent = self.items.iter().take(self.sent).filter_map(|i| match i {
-            Item::Checkpoint(id, _) => Some(*id),
-            Item::Apply(_) => None,
-        });
-        sent.last()
+        self.items
+            .range(..self.sent)
+            .rev()
+            .find_map(|i| match i {
+                Item::Checkpoint(id, _) => Some(*id),
+                Item::Apply(_) => None,
+            })
             .unwrap_or_else(|| self.from.map_or(0, |(id, _)| id))
     }
 
@@ -667,14 +721,13 @@ impl Redo {
         };
         let newest = self
             .items
-            .iter()
-            .take(limit)
+            .range(..limit)
             .enumerate()
-            .filter_map(|(i, item)| match item {
+            .rev()
+            .find_map(|(i, item)| match item {
                 Item::Checkpoint(id, ts) if *id <= self.complete => Some((i, *id, *ts)),
                 _ => None,
-            })
-            .last();
+            });
         if let Some((i, id, ts)) = newest {
             self.drop_front(i + 1);
             self.from = Some((id, ts));
@@ -720,7 +773,10 @@ mod tests {
         for _ in 0..3 {
             r.mark_sent();
         }
-        assert_eq!((r.items.len(), r.bytes, r.newest_sent_checkpoint()), (3, 150, 2));
+        assert_eq!(
+            (r.items.len(), r.bytes, r.newest_sent_checkpoint()),
+            (3, 150, 2)
+        );
         // Checkpoint 2 completes: a new run starts from it, with the batch after it.
         r.complete(2, true);
         assert_eq!(r.from, Some((2, ts(20))));
