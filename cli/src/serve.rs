@@ -235,9 +235,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 );
             }
             let peer = args.peer.map(|p| p.to_string());
-            let member =
-                retina_node::cluster::Member::join(spec, id, &advertise, peer.as_deref(), ttl)?;
-            // Until it leads, it runs the shards a leader places on it.
+            // Until it leads, it runs the shards a leader places on it. It listens before it
+            // joins: a member started again (same id, same --peer) waits for its old lease to
+            // expire before it registers, and the leader finds it at the address registered
+            // meanwhile, so its shard starts again on it at once.
             let host = match args.peer {
                 Some(peer) => Some(retina_node::remote::Host::start(
                     retina_node::remote::HostOptions {
@@ -251,6 +252,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                 )?),
                 None => None,
             };
+            let member =
+                retina_node::cluster::Member::join(spec, id, &advertise, peer.as_deref(), ttl)?;
             // Until it leads, its metrics are those of the shards it runs.
             let host_metrics = match (&host, args.metrics) {
                 (Some(host), Some(addr)) => {

@@ -255,6 +255,20 @@ impl Member {
         }
     }
 
+    /// Waits until its `--listen` accepts connections (a member started again runs its shards
+    /// before it registered, and listens once it did).
+    fn wait_listening(&mut self) {
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.listen)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "never listening: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn signal(&mut self, signal: &str) {
         let pid = self.child().id().to_string();
         let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
@@ -811,6 +825,7 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
         "{status}"
     );
     assert_eq!(a.table(&moto), source.table());
+    c.wait_listening();
     assert_eq!(c.table(&moto), source.table());
     // The engine's connection to c's scan service ended with the old run: it connects again.
     assert_eq!(engine.count(), Ok(source.model.len() as u64));

@@ -342,6 +342,10 @@ impl LeaderClient<'_> {
         match counted {
             Ok(n) => Some(n),
             Err(e) => {
+                // The leader's node may have started again (a new coordinator service).
+                if e.contains("Disconnected") {
+                    self.connected = None;
+                }
                 self.last_error = e;
                 None
             }

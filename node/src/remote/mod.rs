@@ -42,9 +42,11 @@ pub use wire::Hello;
 
 /// How long a leader waits for a placed member that does not answer while its lease stands.
 const PLACE_WITHIN: Duration = Duration::from_secs(120);
-/// How long a lost shard waits for its member to register again once its lease expired (a
-/// restarted member registers once its old lease is gone), before it moves to another.
-const MOVE_AFTER: Duration = Duration::from_secs(3);
+/// How long a lost shard waits for its member to register again once its lease expired,
+/// before it moves to another. A member started again listens on its `--peer` before it
+/// registers, so the leader finds it at the address its old registration names while that
+/// lasts; a member back later gets shards from the others ([`Rejoiner::rebalance`]).
+const MOVE_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a leader placed the shards, and the connections to the members for theirs (`None`:
 /// this node's own).
