@@ -19,7 +19,8 @@
 //! - member gone: a member is killed for good; once its lease expired (and a grace for it to
 //!   come back), its shard starts on the other member.
 //!
-//! The leadership's epoch is checked to stay the same: no restart of the leader's node.
+//! Each run also says how many times the leader started its node again (its epoch grew): none
+//! since shards start again alone.
 //!
 //! Each lease TTL is run `--runs` times (a new cluster prefix and lake prefix each time); the
 //! medians go to `bench/results/failover.jsonl`.
@@ -186,7 +187,7 @@ impl Drop for Serve {
     }
 }
 
-/// Starts this binary with `args` in `dir`, configured for `moto`'s S3, its stderr in
+/// Starts this binary (or `$RETINA_BENCH_SERVE`) with `args` in `dir`, configured for `moto`'s S3, its stderr in
 /// `dir/ID.log`.
 pub(super) fn spawn_serve(
     dir: &Path,
@@ -194,7 +195,11 @@ pub(super) fn spawn_serve(
     id: &str,
     args: &[String],
 ) -> anyhow::Result<Serve> {
-    let exe = std::env::current_exe().context("finding this binary")?;
+    // Another build's `retina` may serve instead, to compare versions in one run.
+    let exe = match std::env::var_os("RETINA_BENCH_SERVE") {
+        Some(exe) => exe.into(),
+        None => std::env::current_exe().context("finding this binary")?,
+    };
     let log = std::fs::File::create(dir.join(format!("{id}.log")))?;
     let child = Command::new(exe)
         .args(args)
@@ -569,15 +574,10 @@ fn members(
             Ok(())
         })?;
         let s = Member::snapshot(&spec).map_err(anyhow::Error::msg)?;
-        anyhow::ensure!(
-            s.epoch == epoch,
-            "the leader started again (epoch {} after {epoch}): {}",
-            s.epoch,
-            log_tails(dir.path(), &["a"])
-        );
+        let restarts = s.epoch - epoch;
         println!(
             "  lease {ttl} s, run {}: member back {member_back:.0} ms, member gone \
-             {member_gone:.0} ms",
+             {member_gone:.0} ms, leader restarts {restarts}",
             r + 1
         );
         back.push(member_back);

@@ -42,11 +42,6 @@ pub use wire::Hello;
 
 /// How long a leader waits for a placed member that does not answer while its lease stands.
 const PLACE_WITHIN: Duration = Duration::from_secs(120);
-/// How long a lost shard waits for its member to register again once its lease expired,
-/// before it moves to another. A member started again listens on its `--peer` before it
-/// registers, so the leader finds it at the address its old registration names while that
-/// lasts; a member back later gets shards from the others ([`Rejoiner::rebalance`]).
-const MOVE_AFTER: Duration = Duration::from_secs(1);
 
 /// Where a leader placed the shards, and the connections to the members for theirs (`None`:
 /// this node's own).
@@ -125,16 +120,17 @@ pub fn place(member: &Member, shards: u16, hello: &Hello) -> Result<Placed, Clus
 }
 
 /// Starts lost shards again for a leader ([`proxy::Rejoin`]): on the member that ran the shard
-/// once it answers again (a restarted member, same id), else, once that member's registration
-/// is gone for [`MOVE_AFTER`], on the live member that runs the fewest shards. Records each
-/// move in the placement, and points the scan plans at the new run's scan service.
+/// once it answers again (a member started again listens on its `--peer` before it registers,
+/// so the leader finds it at the address its old registration names while that lasts), else,
+/// once that member's registration is gone (its lease expired), on the live member that runs
+/// the fewest shards; a member back after that gets shards from the others
+/// ([`Rejoiner::rebalance`]). Records each move in the placement, and points the scan plans at
+/// the new run's scan service.
 pub struct Rejoiner {
     member: Arc<Member>,
     hello: Hello,
     scan: ScanAddrs,
     placement: Mutex<Placement>,
-    /// When each lost shard's member was first seen unregistered.
-    gone_since: Mutex<HashMap<u16, Instant>>,
     /// Shards on their way to another member ([`Self::rebalance`]), and to which.
     moving: Mutex<HashMap<u16, String>>,
     /// Each remote shard's proxy, told to hand its shard over to a new run.
@@ -148,7 +144,6 @@ impl Rejoiner {
             hello,
             scan,
             placement: Mutex::new(placed),
-            gone_since: Mutex::new(HashMap::new()),
             moving: Mutex::new(HashMap::new()),
             movers: Mutex::new(HashMap::new()),
         }
@@ -254,15 +249,6 @@ impl Rejoin for Rejoiner {
         let target = match planned.or_else(|| hosts.iter().find(|(id, _)| *id == owner).cloned()) {
             Some(host) => host,
             None => {
-                let since = *self
-                    .gone_since
-                    .lock()
-                    .expect("gone")
-                    .entry(shard)
-                    .or_insert_with(Instant::now);
-                if since.elapsed() < MOVE_AFTER {
-                    return Ok(None);
-                }
                 let placement = self.placement.lock().expect("placement");
                 let load = |id: &String| placement.owners.iter().filter(|o| *o == id).count();
                 hosts
@@ -287,7 +273,6 @@ impl Rejoin for Rejoiner {
                 return Ok(None);
             }
         };
-        self.gone_since.lock().expect("gone").remove(&shard);
         self.moving.lock().expect("moving").remove(&shard);
         if let Some(addr) = self
             .scan

@@ -38,7 +38,7 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 /// for the rate) a lost member fails the node instead, which starts every shard again.
 pub const RETAIN_BYTES: usize = 512 << 20;
 /// How often a proxy whose shard was lost asks for a new run of it.
-const REJOIN_EVERY: Duration = Duration::from_millis(300);
+const REJOIN_EVERY: Duration = Duration::from_millis(100);
 
 /// A connection to the member that runs shard `shard`, which answered that it does.
 pub struct Connected {
