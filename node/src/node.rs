@@ -448,6 +448,8 @@ impl Node {
                         status: status.clone(),
                         window: settings.shard_queue_batches as u64,
                         from: persisted.checkpoint.map(|c| (c.id, c.ts)),
+                        redo_bytes: usize::try_from(settings.remote_redo_bytes)
+                            .unwrap_or(usize::MAX),
                         rejoin: rejoin.clone().map(|r| r as Arc<dyn crate::remote::Rejoin>),
                         moves: rejoin.as_ref().map(|r| r.mover(id)),
                     },

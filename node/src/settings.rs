@@ -52,6 +52,11 @@ pub struct Settings {
     /// How often the sink puts a checkpoint barrier into the shards' streams (0: never; a
     /// restart then replays the source from its start).
     pub checkpoint_interval_ms: u64,
+    /// A cluster's leader keeps, for each shard another member runs, the batches it sent since
+    /// the newest complete checkpoint, up to this many bytes: when that member is lost, the
+    /// shard starts again alone from the checkpoint with them. Past it (checkpoints too far
+    /// apart for the rate), or at 0, a lost member makes the leader start every shard again.
+    pub remote_redo_bytes: u64,
     /// How long a query's begin may wait after a restart for HWM to be back where queries
     /// saw it before; past it the query is refused with a typed error (catching up).
     pub query_wait_ms: u64,
@@ -90,6 +95,7 @@ impl Default for Settings {
             storage_gc_dead_fraction: 0.5,
             long_query_ms: 30_000,
             checkpoint_interval_ms: 10_000,
+            remote_redo_bytes: 256 << 20,
             query_wait_ms: 10_000,
             max_txn_bytes: 256 << 20,
             decode_lanes: 0,

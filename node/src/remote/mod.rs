@@ -43,6 +43,10 @@ pub use wire::Hello;
 /// How long a leader waits for a placed member that does not answer while its lease stands.
 const PLACE_WITHIN: Duration = Duration::from_secs(120);
 
+/// How long a lost shard waits for a member that stays registered but does not answer (cut off
+/// from the leader, not from etcd) before it moves to another.
+const OWNER_WITHIN: Duration = Duration::from_secs(10);
+
 /// Where a leader placed the shards, and the connections to the members for theirs (`None`:
 /// this node's own).
 pub struct Placed {
@@ -131,6 +135,8 @@ pub struct Rejoiner {
     hello: Hello,
     scan: ScanAddrs,
     placement: Mutex<Placement>,
+    /// When the member of each lost shard first did not answer while registered.
+    unanswered: Mutex<HashMap<u16, Instant>>,
     /// Shards on their way to another member ([`Self::rebalance`]), and to which.
     moving: Mutex<HashMap<u16, String>>,
     /// Each remote shard's proxy, told to hand its shard over to a new run.
@@ -144,6 +150,7 @@ impl Rejoiner {
             hello,
             scan,
             placement: Mutex::new(placed),
+            unanswered: Mutex::new(HashMap::new()),
             moving: Mutex::new(HashMap::new()),
             movers: Mutex::new(HashMap::new()),
         }
@@ -246,13 +253,24 @@ impl Rejoin for Rejoiner {
                 }
             }
         };
-        let target = match planned.or_else(|| hosts.iter().find(|(id, _)| *id == owner).cloned()) {
+        let silent = self
+            .unanswered
+            .lock()
+            .expect("unanswered")
+            .get(&shard)
+            .is_some_and(|t| t.elapsed() > OWNER_WITHIN);
+        let registered = hosts
+            .iter()
+            .find(|(id, _)| *id == owner && !silent)
+            .cloned();
+        let target = match planned.or(registered) {
             Some(host) => host,
             None => {
                 let placement = self.placement.lock().expect("placement");
                 let load = |id: &String| placement.owners.iter().filter(|o| *o == id).count();
                 hosts
                     .iter()
+                    .filter(|(id, _)| *id != owner)
                     .min_by_key(|(id, _)| (load(id), id.clone()))
                     .cloned()
                     .ok_or_else(|| {
@@ -270,9 +288,14 @@ impl Rejoin for Rejoiner {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!("shard {shard} on node {}: {e}", target.0);
+                if target.0 == owner {
+                    let mut unanswered = self.unanswered.lock().expect("unanswered");
+                    unanswered.entry(shard).or_insert_with(Instant::now);
+                }
                 return Ok(None);
             }
         };
+        self.unanswered.lock().expect("unanswered").remove(&shard);
         self.moving.lock().expect("moving").remove(&shard);
         if let Some(addr) = self
             .scan

@@ -12,8 +12,8 @@
 //! ([`CoordMsg::ShardRestarted`]), and sends it what came after the checkpoint again: the same
 //! bytes, so the same timestamps. Queries that began meanwhile are answered once the new run
 //! has applied through their snapshot. Only when the batches since the checkpoint were more
-//! than [`RETAIN_BYTES`], or no member can run the shard, does the connection's end fail the
-//! node ([`NodeStatus::host_lost`]); the leader then starts every shard again from the
+//! than the proxy keeps (`remote_redo_bytes`), or no member can run the shard, does the
+//! connection's end fail the node ([`NodeStatus::host_lost`]); the leader then starts every shard again from the
 //! checkpoint.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -34,9 +34,6 @@ use crate::status::NodeStatus;
 
 /// How long a host may take to answer a hello (it fetches the shard's checkpoint image).
 const READY_WITHIN: Duration = Duration::from_secs(60);
-/// The batches a proxy keeps to start its shard again: past this (checkpoints too far apart
-/// for the rate) a lost member fails the node instead, which starts every shard again.
-pub const RETAIN_BYTES: usize = 512 << 20;
 /// How often a proxy whose shard was lost asks for a new run of it.
 const REJOIN_EVERY: Duration = Duration::from_millis(100);
 
@@ -116,6 +113,8 @@ pub struct ProxySetup {
     pub window: u64,
     /// The checkpoint the shard started from.
     pub from: Option<(u64, Timestamp)>,
+    /// The most bytes of batches kept to start the shard again (`remote_redo_bytes`).
+    pub redo_bytes: usize,
     /// How to start the shard again once its member is lost (`None`: the node fails).
     pub rejoin: Option<Arc<dyn Rejoin>>,
     /// Asks the proxy to hand the shard over to a new run (which [`Rejoin`] places): the
@@ -132,7 +131,7 @@ pub fn spawn(conn: Connected, setup: ProxySetup) -> std::io::Result<std::thread:
         .spawn(move || {
             let mut proxy = Proxy {
                 shard,
-                redo: Redo::new(setup.from),
+                redo: Redo::new(setup.from, setup.redo_bytes),
                 queries: BTreeMap::new(),
                 watermarks: None,
                 generation: 0,
@@ -399,7 +398,7 @@ impl Proxy {
         if self.link.is_some() {
             self.redo.unsent() == 0
         } else {
-            self.redo.bytes < RETAIN_BYTES
+            self.redo.bytes < self.redo.limit
         }
     }
 
@@ -526,11 +525,15 @@ impl Proxy {
             return false;
         }
         if !self.redo.whole {
-            self.lost(format!(
-                "{why}; the batches since the last complete checkpoint were more than the \
-                 {} MiB a proxy keeps",
-                RETAIN_BYTES >> 20
-            ));
+            self.lost(if self.redo.limit == 0 {
+                format!("{why}; remote_redo_bytes is 0, so no shard starts again alone")
+            } else {
+                format!(
+                    "{why}; the batches since the last complete checkpoint were more than the \
+                     {} bytes a proxy keeps (remote_redo_bytes)",
+                    self.redo.limit
+                )
+            });
             return false;
         }
         if self.generation >= MAX_GENERATION {
@@ -643,21 +646,24 @@ struct Redo {
     sent: usize,
     /// The batches' bytes in `items`.
     bytes: usize,
-    /// Whether `items` hold everything after `from` (not once more than [`RETAIN_BYTES`] was
-    /// sent since it; again once a later checkpoint completes).
+    /// Whether `items` hold everything after `from` (not once more than `limit` was sent since
+    /// it; again once a later checkpoint completes).
     whole: bool,
+    /// The most bytes of batches kept.
+    limit: usize,
     /// The newest checkpoint complete.
     complete: u64,
 }
 
 impl Redo {
-    fn new(from: Option<(u64, Timestamp)>) -> Self {
+    fn new(from: Option<(u64, Timestamp)>, limit: usize) -> Self {
         Redo {
             from,
             items: VecDeque::new(),
             sent: 0,
             bytes: 0,
-            whole: true,
+            whole: limit > 0,
+            limit,
             complete: from.map_or(0, |(id, _)| id),
         }
     }
@@ -685,7 +691,7 @@ impl Redo {
         {
             self.trim(true);
         }
-        if self.bytes > RETAIN_BYTES {
+        if self.bytes > self.limit {
             // Too much to keep: a new run could not start from `from` any more.
             self.drop_front(self.sent);
             self.whole = false;
@@ -731,7 +737,7 @@ impl Redo {
         if let Some((i, id, ts)) = newest {
             self.drop_front(i + 1);
             self.from = Some((id, ts));
-            self.whole = true;
+            self.whole = self.limit > 0;
         }
     }
 
@@ -766,7 +772,7 @@ mod tests {
 
     #[test]
     fn the_redo_log_keeps_what_came_after_the_newest_complete_checkpoint() {
-        let mut r = Redo::new(Some((1, ts(10))));
+        let mut r = Redo::new(Some((1, ts(10))), 1 << 20);
         r.push(batch(100));
         r.push(Item::Checkpoint(2, ts(20)));
         r.push(batch(50));
@@ -798,8 +804,14 @@ mod tests {
 
     #[test]
     fn a_redo_log_past_its_limit_cannot_start_a_run_until_the_next_checkpoint() {
-        let mut r = Redo::new(None);
-        r.push(batch(RETAIN_BYTES));
+        // A proxy that keeps nothing never starts its shard alone.
+        let mut none = Redo::new(None, 0);
+        none.push(Item::Checkpoint(1, ts(5)));
+        none.mark_sent();
+        none.complete(1, true);
+        assert!(!none.whole);
+        let mut r = Redo::new(None, 1000);
+        r.push(batch(1000));
         r.push(batch(10));
         r.mark_sent();
         r.mark_sent();
