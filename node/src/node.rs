@@ -336,6 +336,7 @@ impl Node {
                 hello,
                 placement,
                 scan_addrs.clone(),
+                settings.remote_redo_bytes > 0,
             ))),
             _ => None,
         };

@@ -187,8 +187,17 @@ impl CoordinatorActor {
                      until it catches up",
                     self.state.hwm().get()
                 );
-                if let Err(e) = self.state.shard_restarted(shard) {
-                    self.status.fail(format!("coordinator: {e}"));
+                match self.state.shard_restarted(shard) {
+                    Ok(ended) => {
+                        if !ended.is_empty() {
+                            tracing::warn!(
+                                "{} running queries end: shard {shard} starts again",
+                                ended.len()
+                            );
+                        }
+                        self.queries_ended(ended);
+                    }
+                    Err(e) => self.status.fail(format!("coordinator: {e}")),
                 }
             }
             CoordMsg::Tick => self.on_tick().await,
@@ -610,9 +619,16 @@ impl CoordinatorActor {
         }
     }
 
-    /// Tells every shard's scan service that `ended` queries ended.
+    /// Tells every shard's scan service that `ended` queries ended. A begin still waiting for
+    /// the shards to know its query (a shard catching up) is refused: its client begins again.
     fn queries_ended(&mut self, ended: Vec<QueryId>) {
         for query in ended {
+            if let Some(b) = self.begins.remove(&query) {
+                let _ = b.reply.send(Err(BeginRefused::CatchingUp {
+                    snapshot: self.state.hwm().snapshot().get(),
+                    target: b.ticket.snapshot.get(),
+                }));
+            }
             self.to_shards(|| ShardMsg::QueryEnded { query });
         }
         self.long_queries();

@@ -373,21 +373,22 @@ impl CoordinatorState {
     }
 
     /// Shard `shard` starts again from the newest complete checkpoint on a new run of it (its
-    /// member was lost): plans list the files the new run reports, its applied timestamps are
-    /// news only once they pass where the lost run was (HWM never goes back), and a visibility
-    /// checkpoint asked of the lost run is failed (its query holds LWM as any other).
-    pub fn shard_restarted(&mut self, shard: u16) -> Result<(), CoordinatorError> {
+    /// member was lost, or it moved): plans list the files the new run reports, and its
+    /// applied timestamps are news only once they pass where the lost run was (HWM never goes
+    /// back). Every running query ends (returned): its plans may list files of the lost run
+    /// that the new run holds as write buffer again, and the lost run held its visibility
+    /// checkpoints; a client begins again.
+    pub fn shard_restarted(&mut self, shard: u16) -> Result<Vec<QueryId>, CoordinatorError> {
         if usize::from(shard) >= self.applied.len() {
             return Err(CoordinatorError::UnknownShard(shard));
         }
         self.files.drop_shard(shard);
         self.restarted.insert(shard);
-        for q in self.queries.values_mut() {
-            if matches!(q.vis, VisCheckpoint::Pending(_)) {
-                q.vis = VisCheckpoint::Failed;
-            }
+        let running: Vec<QueryId> = self.queries.keys().copied().collect();
+        for &id in &running {
+            self.forget(id);
         }
-        Ok(())
+        Ok(running)
     }
 
     /// Begins a query of `owner` at `snapshot = HWM - 1` with a lease until `now_ms +

@@ -300,8 +300,11 @@ fn a_shard_started_again_catches_up_without_moving_hwm_back() {
     c.applied(1, ts(12)).unwrap();
     assert_eq!(c.hwm().snapshot(), ts(12));
     let (q, _) = c.begin_query(LOCAL, 0, 1000).unwrap();
-    // Shard 1's member is lost: a new run of it starts from a checkpoint at 5.
-    c.shard_restarted(1).unwrap();
+    // Shard 1's member is lost: a new run of it starts from a checkpoint at 5, and the
+    // running query ends (its plans may list the lost run's files).
+    assert_eq!(c.shard_restarted(1).unwrap(), [q]);
+    assert!(!c.end_query(LOCAL, q));
+    let (q, _) = c.begin_query(LOCAL, 0, 1000).unwrap();
     let plan = |c: &mut CoordinatorState| {
         let (_, files) = c.plan(LOCAL, q, 0, 0, 1000).unwrap();
         files.into_iter().map(|f| f.file).collect::<Vec<_>>()

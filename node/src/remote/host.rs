@@ -74,11 +74,16 @@ struct Sessions {
     /// The newest leadership a hello came from: older ones are refused.
     epoch: u64,
     running: Vec<Running>,
+    /// The id of the next session admitted.
+    next: u64,
 }
 
 /// A shard a session runs: its connection (shut down to end it), and a receiver that is
 /// closed once it ended.
 struct Running {
+    /// This session's own id: a session that ended forgets itself, never a newer one of
+    /// the same shard.
+    id: u64,
     shard: u16,
     epoch: u64,
     stream: TcpStream,
@@ -243,33 +248,33 @@ fn session(mut stream: TcpStream, shared: &Arc<Shared>) -> Result<(), String> {
         Err(format!("shard {shard}: refused: {reason}"))
     };
     let (ended_tx, ended) = flume::bounded::<()>(0);
-    let admitted = admit(shared, shard, &hello, &stream, ended);
-    if let Err(reason) = admitted {
-        return refuse(&mut stream, reason);
-    }
+    let id = match admit(shared, shard, &hello, &stream, ended) {
+        Ok(id) => id,
+        Err(reason) => return refuse(&mut stream, reason),
+    };
     let started = start_shard(shared, shard, &hello);
     let started = match started {
         Ok(s) => s,
         Err(reason) => {
-            forget(shared, shard, hello.epoch);
+            forget(shared, id);
             return refuse(&mut stream, reason);
         }
     };
     let ran = run(stream, shared, shard, &hello, started);
-    forget(shared, shard, hello.epoch);
+    forget(shared, id);
     drop(ended_tx);
     ran
 }
 
 /// Admits a session of shard `shard` for `hello`'s leadership: ends the sessions of earlier
-/// leaderships and any other of the same shard first.
+/// leaderships and any other of the same shard first. Returns the session's id.
 fn admit(
     shared: &Shared,
     shard: u16,
     hello: &Hello,
     stream: &TcpStream,
     ended: flume::Receiver<()>,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     if hello.generation > MAX_GENERATION {
         return Err(format!(
             "generation {} of shard {shard} is past the last ({MAX_GENERATION})",
@@ -288,7 +293,7 @@ fn admit(
         ));
     }
     let stream = stream.try_clone().map_err(|e| e.to_string())?;
-    let before = {
+    let (id, before) = {
         let mut s = shared.sessions.lock().expect("sessions");
         if hello.epoch < s.epoch {
             return Err(format!(
@@ -301,23 +306,25 @@ fn admit(
             .into_iter()
             .partition(|r| r.epoch < hello.epoch || r.shard == shard);
         s.running = keep;
+        let id = s.next;
+        s.next += 1;
         s.running.push(Running {
+            id,
             shard,
             epoch: hello.epoch,
             stream,
             ended,
         });
-        end
+        (id, end)
     };
     end_sessions(before);
-    Ok(())
+    Ok(id)
 }
 
-/// The session of `shard` for leadership `epoch` ended.
-fn forget(shared: &Shared, shard: u16, epoch: u64) {
+/// Session `id` ended.
+fn forget(shared: &Shared, id: u64) {
     let mut s = shared.sessions.lock().expect("sessions");
-    s.running
-        .retain(|r| !(r.shard == shard && r.epoch == epoch));
+    s.running.retain(|r| r.id != id);
 }
 
 struct Queues {
@@ -510,6 +517,15 @@ fn run(
         coord,
         status,
     } = queues;
+    let ready = send(Kind::Ready, &Enc::default().str(&scan.to_string()).0).and_then(|()| {
+        files.iter().try_for_each(|msg| match up(msg) {
+            Some((kind, about, body)) => {
+                let mut s = out.lock().expect("stream");
+                write_frame(&mut *s, kind, about, &body)
+            }
+            None => Ok(()),
+        })
+    });
     let uplink = {
         let out = out.clone();
         std::thread::Builder::new()
@@ -527,15 +543,6 @@ fn run(
             })
             .map_err(|e| e.to_string())?
     };
-    let ready = send(Kind::Ready, &Enc::default().str(&scan.to_string()).0).and_then(|()| {
-        files.iter().try_for_each(|msg| match up(msg) {
-            Some((kind, about, body)) => {
-                let mut s = out.lock().expect("stream");
-                write_frame(&mut *s, kind, about, &body)
-            }
-            None => Ok(()),
-        })
-    });
     tracing::info!(
         "running shard {shard} of {} for leadership {} (from {}), scan service on {scan}",
         hello.shards,

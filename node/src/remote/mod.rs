@@ -126,32 +126,44 @@ pub fn place(member: &Member, shards: u16, hello: &Hello) -> Result<Placed, Clus
 /// Starts lost shards again for a leader ([`proxy::Rejoin`]): on the member that ran the shard
 /// once it answers again (a member started again listens on its `--peer` before it registers,
 /// so the leader finds it at the address its old registration names while that lasts), else,
-/// once that member's registration is gone (its lease expired), on the live member that runs
-/// the fewest shards; a member back after that gets shards from the others
-/// ([`Rejoiner::rebalance`]). Records each move in the placement, and points the scan plans at
-/// the new run's scan service.
+/// once that member's registration is gone (its lease expired) or it has not answered for
+/// [`OWNER_WITHIN`], on the live member that runs the fewest shards; a member back after that
+/// gets shards from the others ([`Rejoiner::rebalance`]). Records each move in the placement,
+/// and points the scan plans at the new run's scan service.
 pub struct Rejoiner {
     member: Arc<Member>,
     hello: Hello,
     scan: ScanAddrs,
+    /// Whether proxies keep batches to start a shard again (`remote_redo_bytes` > 0).
+    can_move: bool,
     placement: Mutex<Placement>,
-    /// When the member of each lost shard first did not answer while registered.
-    unanswered: Mutex<HashMap<u16, Instant>>,
+    /// Members that did not answer while registered, since when.
+    unanswered: Mutex<HashMap<String, Instant>>,
     /// Shards on their way to another member ([`Self::rebalance`]), and to which.
     moving: Mutex<HashMap<u16, String>>,
+    /// Shards whose proxy could not hand them over (it kept too little).
+    stuck: Mutex<std::collections::HashSet<u16>>,
     /// Each remote shard's proxy, told to hand its shard over to a new run.
     movers: Mutex<HashMap<u16, flume::Sender<()>>>,
 }
 
 impl Rejoiner {
-    pub fn new(member: Arc<Member>, hello: Hello, placed: Placement, scan: ScanAddrs) -> Self {
+    pub fn new(
+        member: Arc<Member>,
+        hello: Hello,
+        placed: Placement,
+        scan: ScanAddrs,
+        can_move: bool,
+    ) -> Self {
         Rejoiner {
             member,
             hello,
             scan,
+            can_move,
             placement: Mutex::new(placed),
             unanswered: Mutex::new(HashMap::new()),
             moving: Mutex::new(HashMap::new()),
+            stuck: Mutex::new(Default::default()),
             movers: Mutex::new(HashMap::new()),
         }
     }
@@ -168,13 +180,17 @@ impl Rejoiner {
     /// handed over as a lost shard is (the old run stops after what it was sent, a new run
     /// starts on the new member from the newest complete checkpoint and is sent what came
     /// after it) while the other shards go on. False when some such member gets no shard that
-    /// way (the shards to spare run on this leader itself): the leader then starts again to
-    /// place them.
+    /// way (the shards to spare run on this leader itself, or proxies keep no batches): the
+    /// leader then starts again to place them.
     pub fn rebalance(&self) -> bool {
+        if !self.can_move {
+            return false;
+        }
         let Ok(hosts) = self.member.hosts() else {
             return false;
         };
         let leader = self.member.node_id();
+        let stuck = self.stuck.lock().expect("stuck").clone();
         let mut moving = self.moving.lock().expect("moving");
         // Where each shard runs once the moves under way are done.
         let mut owners = self.placement.lock().expect("placement").owners.clone();
@@ -182,27 +198,30 @@ impl Rejoiner {
             owners[usize::from(*shard)] = to.clone();
         }
         let load = |owners: &[String], id: &str| owners.iter().filter(|o| *o == id).count();
-        let mut every_one_runs_shards = true;
         let newcomers: Vec<String> = hosts
             .iter()
             .filter(|(id, _)| load(&owners, id) == 0)
             .map(|(id, _)| id.clone())
             .collect();
+        let mut every_one_runs_shards = true;
         for newcomer in newcomers {
+            // The last movable shard of the member that runs the most (at least two more).
+            let movable =
+                |k: usize| !stuck.contains(&(k as u16)) && !moving.contains_key(&(k as u16));
             let donor = hosts
                 .iter()
                 .map(|(id, _)| id)
-                .filter(|id| *id != leader)
-                .max_by_key(|id| (load(&owners, id), std::cmp::Reverse((*id).clone())))
-                .filter(|id| load(&owners, id) > 1);
+                .filter(|id| *id != leader && load(&owners, id) > 1)
+                .filter(|id| (0..owners.len()).any(|k| owners[k] == **id && movable(k)))
+                .max_by_key(|id| (load(&owners, id), std::cmp::Reverse((*id).clone())));
             let Some(donor) = donor.cloned() else {
                 every_one_runs_shards = false;
                 continue;
             };
-            let shard = owners
-                .iter()
-                .rposition(|o| *o == donor)
-                .expect("a donor's shard");
+            let shard = (0..owners.len())
+                .rev()
+                .find(|&k| owners[k] == donor && movable(k))
+                .expect("a donor's movable shard");
             let shard = u16::try_from(shard).expect("shards fit u16");
             let told = self
                 .movers
@@ -220,6 +239,15 @@ impl Rejoiner {
         }
         every_one_runs_shards
     }
+
+    /// Whether `node` has not answered the leader for [`OWNER_WITHIN`] while registered.
+    fn silent(&self, node: &str) -> bool {
+        self.unanswered
+            .lock()
+            .expect("unanswered")
+            .get(node)
+            .is_some_and(|t| t.elapsed() > OWNER_WITHIN)
+    }
 }
 
 impl Rejoin for Rejoiner {
@@ -230,8 +258,12 @@ impl Rejoin for Rejoiner {
         from: Option<(u64, Timestamp)>,
     ) -> Result<Option<Connected>, String> {
         let leader = self.member.node_id().to_owned();
-        if !self.member.clock().valid() {
+        if self.member.clock().is_lost() {
             return Err("this leader's cluster lease expired".into());
+        }
+        if !self.member.clock().valid() {
+            // Cut off from etcd for now: replay pauses, and so does this.
+            return Ok(None);
         }
         let hosts = match self.member.hosts() {
             Ok(h) => h,
@@ -240,41 +272,40 @@ impl Rejoin for Rejoiner {
                 return Ok(None);
             }
         };
+        let live = |id: &str| {
+            hosts
+                .iter()
+                .find(|(h, _)| h == id && !self.silent(id))
+                .cloned()
+        };
         let owner = self.placement.lock().expect("placement").owners[usize::from(shard)].clone();
         let planned = {
             let mut moving = self.moving.lock().expect("moving");
             let to = moving.get(&shard).cloned();
-            match to.and_then(|to| hosts.iter().find(|(id, _)| *id == to)) {
-                Some(host) => Some(host.clone()),
+            match to.as_deref().and_then(live) {
+                Some(host) => Some(host),
                 None => {
-                    // Its new member is gone: the shard goes where a lost one would.
+                    // Its new member is gone or silent: the shard goes where a lost one would.
                     moving.remove(&shard);
                     None
                 }
             }
         };
-        let silent = self
-            .unanswered
-            .lock()
-            .expect("unanswered")
-            .get(&shard)
-            .is_some_and(|t| t.elapsed() > OWNER_WITHIN);
-        let registered = hosts
-            .iter()
-            .find(|(id, _)| *id == owner && !silent)
-            .cloned();
-        let target = match planned.or(registered) {
+        let target = match planned.or_else(|| live(&owner)) {
             Some(host) => host,
             None => {
                 let placement = self.placement.lock().expect("placement");
                 let load = |id: &String| placement.owners.iter().filter(|o| *o == id).count();
                 hosts
                     .iter()
-                    .filter(|(id, _)| *id != owner)
+                    .filter(|(id, _)| *id != owner && !self.silent(id))
                     .min_by_key(|(id, _)| (load(id), id.clone()))
                     .cloned()
                     .ok_or_else(|| {
-                        format!("node {owner} is gone and no other member runs shards")
+                        format!(
+                            "shard {shard}: node {owner} is gone, and no other member that runs \
+                             shards answers"
+                        )
                     })?
             }
         };
@@ -288,14 +319,15 @@ impl Rejoin for Rejoiner {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!("shard {shard} on node {}: {e}", target.0);
-                if target.0 == owner {
-                    let mut unanswered = self.unanswered.lock().expect("unanswered");
-                    unanswered.entry(shard).or_insert_with(Instant::now);
-                }
+                let mut unanswered = self.unanswered.lock().expect("unanswered");
+                unanswered.entry(target.0).or_insert_with(Instant::now);
                 return Ok(None);
             }
         };
-        self.unanswered.lock().expect("unanswered").remove(&shard);
+        self.unanswered
+            .lock()
+            .expect("unanswered")
+            .remove(&target.0);
         self.moving.lock().expect("moving").remove(&shard);
         if let Some(addr) = self
             .scan
@@ -308,10 +340,14 @@ impl Rejoin for Rejoiner {
         if target.0 != owner {
             let mut placement = self.placement.lock().expect("placement");
             placement.owners[usize::from(shard)] = target.0.clone();
-            let mut nodes = vec![leader];
-            for o in &placement.owners {
-                if !nodes.contains(o) {
-                    nodes.push(o.clone());
+            // The nodes placed over: this leader, then the live members placed over before
+            // and the new one; the old owner only if it still runs a shard.
+            let mut nodes = vec![leader.clone()];
+            for n in self.member.placed_over().iter().chain([&target.0]) {
+                let left = *n == owner && !placement.owners.contains(n);
+                let registered = hosts.iter().any(|(h, _)| h == n);
+                if *n != leader && registered && !left && !nodes.contains(n) {
+                    nodes.push(n.clone());
                 }
             }
             self.member
@@ -324,5 +360,6 @@ impl Rejoin for Rejoiner {
 
     fn stays(&self, shard: u16) {
         self.moving.lock().expect("moving").remove(&shard);
+        self.stuck.lock().expect("stuck").insert(shard);
     }
 }

@@ -10,13 +10,13 @@
 //! shard left it, the proxy asks [`Rejoin`] for a new run of the shard (on the same member once
 //! it is back, else on another live member) from that checkpoint, tells the coordinator
 //! ([`CoordMsg::ShardRestarted`]), and sends it what came after the checkpoint again: the same
-//! bytes, so the same timestamps. Queries that began meanwhile are answered once the new run
-//! has applied through their snapshot. Only when the batches since the checkpoint were more
+//! bytes, so the same timestamps. The coordinator ends the queries running then; queries that
+//! begin meanwhile are answered once the new run has applied through their snapshot. Only when the batches since the checkpoint were more
 //! than the proxy keeps (`remote_redo_bytes`), or no member can run the shard, does the
 //! connection's end fail the node ([`NodeStatus::host_lost`]); the leader then starts every shard again from the
 //! checkpoint.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,7 +28,7 @@ use rkyv::util::AlignedVec;
 use super::msg::{Up, coord_msg, down};
 use super::wire::{Hello, Kind, read_frame, write_frame};
 use crate::cluster::MAX_GENERATION;
-use crate::coordinator::{CoordMsg, QueryId};
+use crate::coordinator::CoordMsg;
 use crate::shard::{ShardMsg, Watermarks};
 use crate::status::NodeStatus;
 
@@ -44,6 +44,8 @@ pub struct Connected {
     pub peer: String,
     /// Where the shard's scan service listens.
     pub scan: SocketAddr,
+    /// The checkpoint the run started from.
+    pub from: Option<(u64, Timestamp)>,
     stream: TcpStream,
 }
 
@@ -78,6 +80,7 @@ pub fn connect(shard: u16, node: &str, peer: &str, hello: &Hello) -> Result<Conn
                 node: node.to_owned(),
                 peer: peer.to_owned(),
                 scan,
+                from: hello.checkpoint,
                 stream,
             })
         }
@@ -132,7 +135,6 @@ pub fn spawn(conn: Connected, setup: ProxySetup) -> std::io::Result<std::thread:
             let mut proxy = Proxy {
                 shard,
                 redo: Redo::new(setup.from, setup.redo_bytes),
-                queries: BTreeMap::new(),
                 watermarks: None,
                 generation: 0,
                 link: None,
@@ -157,8 +159,14 @@ struct Link {
 }
 
 impl Link {
+    /// Sends a frame; false once the connection is gone (then shut down, so that its reader
+    /// ends at once).
     fn frame(&mut self, kind: Kind, shard: u16, body: &[u8]) -> bool {
-        write_frame(&mut self.stream, kind, shard, body).is_ok()
+        let sent = write_frame(&mut self.stream, kind, shard, body).is_ok();
+        if !sent {
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+        sent
     }
 
     /// Ends the connection and waits for its reader.
@@ -174,8 +182,6 @@ struct Proxy {
     shard: u16,
     setup: ProxySetup,
     redo: Redo,
-    /// Queries begun and not ended, which a new run of the shard must know.
-    queries: BTreeMap<QueryId, (Timestamp, u64)>,
     /// The newest watermarks the coordinator sent.
     watermarks: Option<Watermarks>,
     generation: u32,
@@ -393,13 +399,10 @@ impl Proxy {
 
     /// Whether to take the next message off the data queue: one at a time while connected
     /// (a batch waits there for credit, nothing behind it goes first); while the shard has no
-    /// run, as many as the redo log holds, so the other shards go on meanwhile.
+    /// run, every one, so the other shards go on meanwhile (past what the redo log may hold,
+    /// the node fails: see [`Self::on_data`]).
     fn wants_data(&self) -> bool {
-        if self.link.is_some() {
-            self.redo.unsent() == 0
-        } else {
-            self.redo.bytes < self.redo.limit
-        }
+        self.link.is_none() || self.redo.unsent() == 0
     }
 
     /// Sends the next batch or barrier the run lacks, if there is credit; false if none went.
@@ -440,6 +443,14 @@ impl Proxy {
                 let status = &self.setup.status;
                 status.backlog_batches.fetch_sub(1, Ordering::Relaxed);
                 self.redo.push(Item::Apply(bytes));
+                if self.link.is_none() && self.redo.bytes > self.redo.limit {
+                    self.lost(format!(
+                        "shard {}: no member ran it again before the batches kept for it \
+                         outgrew remote_redo_bytes ({} bytes)",
+                        self.shard, self.redo.limit
+                    ));
+                    return false;
+                }
             }
             ShardMsg::Checkpoint { id, ts } => self.redo.push(Item::Checkpoint(id, ts)),
             ShardMsg::Stop => {
@@ -458,22 +469,14 @@ impl Proxy {
                 self.watermarks = Some(*w);
                 self.redo.complete(w.checkpoint_id, self.link.is_some());
             }
-            ShardMsg::QueryBegun {
-                query,
-                snapshot,
-                secret,
-            } => {
-                self.queries.insert(*query, (*snapshot, *secret));
-            }
-            ShardMsg::QueryEnded { query } => {
-                self.queries.remove(query);
-            }
             ShardMsg::Snapshot { .. } | ShardMsg::Bitmaps { .. } => return self.refuse(msg),
             _ => {}
         }
         let Some(link) = &mut self.link else {
             // No run of the shard now: a visibility checkpoint it cannot write is failed (the
-            // query holds LWM as any other); the rest a new run learns as it starts.
+            // query holds LWM as any other). The coordinator ends every query once a new run
+            // starts (a begin waiting for this shard is refused then), and sends the new run
+            // the queries begun after.
             if let ShardMsg::VisCheckpoint { query, .. } = msg {
                 let _ = self.setup.coord.send(CoordMsg::VisCheckpointDone {
                     query,
@@ -574,9 +577,19 @@ impl Proxy {
     }
 
     /// A new run of the shard answered: it hears what it lacks, from the checkpoint it started
-    /// from on.
+    /// from on. One that started from an older checkpoint than the redo log now does (one
+    /// completed while it was asked for) is let go, and a new one asked for.
     fn resume(&mut self, conn: Connected) -> std::io::Result<()> {
+        // Even a run let go takes a generation: it may have written files.
         self.generation += 1;
+        if conn.from != self.redo.from {
+            tracing::info!(
+                "shard {}: a newer checkpoint completed while node {} started it; asking again",
+                self.shard,
+                conn.node
+            );
+            return Ok(());
+        }
         tracing::info!(
             "shard {} runs again on node {} ({}), generation {}; sending it what came after \
              its checkpoint",
@@ -594,14 +607,6 @@ impl Proxy {
         self.redo.rewind();
         if let Some(w) = self.watermarks {
             self.on_control(ShardMsg::Watermarks(w));
-        }
-        let queries: Vec<_> = self.queries.iter().map(|(q, v)| (*q, *v)).collect();
-        for (query, (snapshot, secret)) in queries {
-            self.on_control(ShardMsg::QueryBegun {
-                query,
-                snapshot,
-                secret,
-            });
         }
         Ok(())
     }
@@ -731,7 +736,9 @@ impl Redo {
             .enumerate()
             .rev()
             .find_map(|(i, item)| match item {
-                Item::Checkpoint(id, ts) if *id <= self.complete => Some((i, *id, *ts)),
+                // Exactly the complete one: an earlier barrier may be of a checkpoint that
+                // failed, whose images are gone.
+                Item::Checkpoint(id, ts) if *id == self.complete => Some((i, *id, *ts)),
                 _ => None,
             });
         if let Some((i, id, ts)) = newest {
@@ -794,6 +801,17 @@ mod tests {
         // ...and does once it was sent (or while no run is connected).
         r.mark_sent();
         assert_eq!((r.from, r.items.len(), r.sent), (Some((3, ts(30))), 0, 0));
+        // A barrier of a checkpoint that failed (4) is never a start: its images are gone.
+        r.push(Item::Checkpoint(4, ts(40)));
+        r.push(Item::Checkpoint(5, ts(50)));
+        r.mark_sent();
+        r.complete(5, false);
+        assert_eq!((r.from, r.items.len()), (Some((5, ts(50))), 0));
+        r.push(Item::Checkpoint(6, ts(60)));
+        r.mark_sent();
+        r.complete(7, true);
+        assert_eq!((r.from, r.items.len()), (Some((5, ts(50))), 1));
+        r.drop_front(1);
         r.push(batch(10));
         r.push(batch(20));
         r.mark_sent();
