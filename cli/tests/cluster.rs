@@ -890,3 +890,35 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
         source.table()
     );
 }
+
+#[test]
+fn a_lost_member_with_no_other_to_take_its_shard_makes_the_leader_start_again() {
+    let Some((etcd, moto, dir)) = setup() else {
+        return;
+    };
+    let input = dir.path().join("in.json");
+    let mut source = Source::new();
+    append(&input, &source.txns(200));
+    let mut a = Member::start_with(&etcd, &moto, dir.path(), "a", 2, true);
+    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    let mut b = Member::start_with(&etcd, &moto, dir.path(), "b", 2, true);
+    wait_placed(&etcd, &["a", "b"], &[&a, &b]);
+    append(&input, &source.txns(200));
+    a.wait("replay over two members", "retina_hwm", |h| {
+        h == source.hwm()
+    });
+    let epoch = metric(a.metrics, "retina_cluster_epoch").unwrap();
+    // b is killed for good, and no other member runs shards: once b's lease expired, the
+    // leader starts every shard again from the checkpoint (the next epoch), on itself alone.
+    b.kill();
+    append(&input, &source.txns(200));
+    wait_placed(&etcd, &["a"], &[&a]);
+    a.wait("replay on a alone", "retina_hwm", |h| h == source.hwm());
+    assert!(metric(a.metrics, "retina_cluster_epoch").is_some_and(|e| e > epoch));
+    assert_eq!(a.table(&moto), source.table());
+    let log = a.log();
+    assert!(
+        log.contains("no other member that runs shards answers"),
+        "the leader found no member for b's shard: {log}"
+    );
+}
