@@ -399,6 +399,22 @@ fn leader_and_standby(etcd: &Etcd, moto: &Moto, dir: &Path) -> (Source, Member, 
     (source, a, b)
 }
 
+/// `a`, which runs shards for a leader (`--peer`, `shards` of them), leading after replaying
+/// `txns` transactions of a new source.
+fn peered_leader(
+    etcd: &Etcd,
+    moto: &Moto,
+    dir: &Path,
+    shards: u16,
+    txns: usize,
+) -> (Source, Member) {
+    let mut source = Source::new();
+    append(&dir.join("in.json"), &source.txns(txns));
+    let mut a = Member::start_with(etcd, moto, dir, "a", shards, true);
+    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    (source, a)
+}
+
 /// etcd, an S3 bucket, and a folder with the schema and an empty source; `None` where a
 /// server is not installed (outside CI).
 fn setup() -> Option<(Etcd, Moto, tempfile::TempDir)> {
@@ -752,10 +768,7 @@ fn three_members_run_the_shards_and_a_killed_one_rejoins() {
         return;
     };
     let input = dir.path().join("in.json");
-    let mut source = Source::new();
-    append(&input, &source.txns(300));
-    let mut a = Member::start_with(&etcd, &moto, dir.path(), "a", 3, true);
-    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    let (mut source, mut a) = peered_leader(&etcd, &moto, dir.path(), 3, 300);
     // Members that join a running leader get shards: it starts again from its checkpoint to
     // place them.
     let mut b = Member::start_with(&etcd, &moto, dir.path(), "b", 3, true);
@@ -897,10 +910,7 @@ fn a_lost_member_with_no_other_to_take_its_shard_makes_the_leader_start_again() 
         return;
     };
     let input = dir.path().join("in.json");
-    let mut source = Source::new();
-    append(&input, &source.txns(200));
-    let mut a = Member::start_with(&etcd, &moto, dir.path(), "a", 2, true);
-    a.wait("a to lead and replay", "retina_hwm", |h| h == source.hwm());
+    let (mut source, mut a) = peered_leader(&etcd, &moto, dir.path(), 2, 200);
     let mut b = Member::start_with(&etcd, &moto, dir.path(), "b", 2, true);
     wait_placed(&etcd, &["a", "b"], &[&a, &b]);
     append(&input, &source.txns(200));

@@ -66,6 +66,18 @@ struct Shared {
     status: HostStatus,
 }
 
+impl Shared {
+    /// Runs a lake request on the I/O runtime and waits for it.
+    fn on_io<T: Send + 'static>(
+        &self,
+        request: impl std::future::Future<Output = object_store::Result<T>> + Send + 'static,
+    ) -> Result<T, String> {
+        futures::executor::block_on(self.rt.spawn(request))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// The status a member's shards report to, once a leader started one ([`Host::status`]).
 pub type HostStatus = Arc<Mutex<Option<Arc<NodeStatus>>>>;
 
@@ -426,10 +438,8 @@ fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, St
 fn restored_files(shared: &Shared, state: &Shard) -> Result<Vec<CoordMsg>, String> {
     let size = |path: &object_store::path::Path| {
         let (store, p) = (shared.store.clone(), path.clone());
-        let head = shared.rt.spawn(async move { store.head(&p).await });
-        futures::executor::block_on(head)
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map(|m| m.size).map_err(|e| e.to_string()))
+        shared
+            .on_io(async move { store.head(&p).await.map(|m| m.size) })
             .map_err(|e| NodeError::Lake {
                 lake: shared.lake.clone(),
                 reason: format!("{path}, which the checkpoint reads: {e}"),
@@ -453,14 +463,8 @@ fn restore(shared: &Shared, shard: u16, hello: &Hello) -> Result<Shard, String> 
     let path = checkpoint_object(id, &format!("shard-{shard}.ckpt"));
     let named = format!("{}{path}", shared.lake);
     let store = shared.store.clone();
-    let get = shared.rt.spawn(async move {
-        match store.get(&path).await {
-            Ok(r) => r.bytes().await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
-    });
-    let bytes = futures::executor::block_on(get)
-        .map_err(|e| format!("reading {named}: {e}"))?
+    let bytes = shared
+        .on_io(async move { store.get(&path).await?.bytes().await })
         .map_err(|e| format!("reading {named}: {e}"))?;
     crate::recovery::restore_shard(
         &bytes,
