@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStore;
-use retina_protocol::{OpBatch, WireTableOp, WireTxn};
+use retina_protocol::ops::{
+    ArchivedOpBatch, ArchivedWireTableOp, ArchivedWireTxn, ArchivedWireValue,
+};
+use retina_protocol::{OpBatchRef, WireOpRef, WireRowRef, WireTableOpRef, WireTxnRef};
 use retina_storage::route::shard_of;
 use retina_storage::{RowOp, RowRef, TableId, TableOp, Timestamp, Value};
 use rkyv::util::AlignedVec;
@@ -19,6 +22,26 @@ use crate::debezium::DecimalHandling;
 use crate::error::NodeError;
 use crate::shard::ShardMsg;
 use crate::status::NodeStatus;
+
+/// An op batch's archived bytes besides its transactions (its root and alignment).
+const BATCH_BYTES_BASE: usize = std::mem::size_of::<ArchivedOpBatch>() + 64;
+/// A transaction's archived bytes in a batch besides its operations.
+const TXN_BYTES: usize = std::mem::size_of::<ArchivedWireTxn>();
+/// An operation's archived bytes besides its rows' values.
+const OP_BYTES: usize = std::mem::size_of::<ArchivedWireTableOp>() + 16;
+
+/// A row's archived bytes: its values, and its strings out of line (an upper bound).
+fn archived_row_bytes(row: &[Value]) -> usize {
+    let strings: usize = row
+        .iter()
+        .map(|v| match v {
+            Value::Utf8(s) => s.len(),
+            _ => 0,
+        })
+        .sum();
+    // Up to one alignment's padding before the values.
+    row.len() * std::mem::size_of::<ArchivedWireValue>() + strings + 16
+}
 
 /// A cheap handle to a running node: submit transactions, read tables, watch status.
 #[derive(Clone)]
@@ -168,9 +191,9 @@ impl NodeHandle {
 
     /// Routes a group of transactions that got the timestamps `range` and encodes every
     /// shard's slice as an op batch (one per shard, in shard order).
-    pub fn encode_group<R: AsRef<[Value]> + RowRef>(
+    pub fn encode_group<'t, R: AsRef<[Value]> + RowRef>(
         &self,
-        txns: &[Vec<TableOp<R>>],
+        txns: &'t [Vec<TableOp<R>>],
         range: RangeInclusive<u64>,
     ) -> Result<Vec<AlignedVec>, NodeError> {
         assert_eq!(
@@ -179,59 +202,68 @@ impl NodeHandle {
             "a timestamp per transaction"
         );
         let shards = self.shard_count();
-        let mut slices: Vec<Vec<WireTxn>> = vec![Vec::new(); shards.into()];
+        let mut slices: Vec<Vec<WireTxnRef<'t>>> = (0..shards).map(|_| Vec::new()).collect();
+        // Each batch's archived size, estimated as it is routed: its buffer is allocated once.
+        let mut sizes = vec![BATCH_BYTES_BASE; shards.into()];
         let mut scratch = Vec::new();
         for (txn, ts) in txns.iter().zip(range.clone()) {
-            let mut per_shard: Vec<Vec<WireTableOp>> = vec![Vec::new(); shards.into()];
+            let mut per_shard: Vec<Vec<WireTableOpRef<'t>>> =
+                (0..shards).map(|_| Vec::new()).collect();
+            let mut put = |s: u16, op: WireTableOpRef<'t>, rows: &[&[Value]]| {
+                let s = usize::from(s);
+                if per_shard[s].is_empty() {
+                    sizes[s] += TXN_BYTES;
+                }
+                sizes[s] += OP_BYTES + rows.iter().map(|r| archived_row_bytes(r)).sum::<usize>();
+                per_shard[s].push(op);
+            };
             for op in txn {
                 let schema = self.catalog.get(op.table).expect("ops name catalog tables");
                 match &op.op {
                     RowOp::Insert(r) | RowOp::Delete(r) | RowOp::Upsert(r) => {
                         let s = shard_of(schema, r, shards, &mut scratch);
-                        per_shard[usize::from(s)].push(WireTableOp::from(op));
+                        put(s, WireTableOpRef::from(op), &[r.as_ref()]);
                     }
                     // The table's rows are spread over every shard by key hash.
                     RowOp::Truncate => {
-                        for ops in &mut per_shard {
-                            ops.push(WireTableOp::from(op));
+                        for s in 0..shards {
+                            put(s, WireTableOpRef::from(op), &[]);
                         }
                     }
                     RowOp::Update { before, after } => {
                         let from = shard_of(schema, before, shards, &mut scratch);
                         let to = shard_of(schema, after, shards, &mut scratch);
+                        let (before, after) = (before.as_ref(), after.as_ref());
                         if from == to {
-                            per_shard[usize::from(from)].push(WireTableOp::from(op));
+                            put(from, WireTableOpRef::from(op), &[before, after]);
                         } else {
                             // A key-changing update across shards: a delete on one, an insert
                             // on the other, in the same mirror transaction.
-                            let delete = TableOp {
-                                table: op.table,
-                                op: RowOp::Delete(before.as_ref()),
-                            };
-                            let insert = TableOp {
-                                table: op.table,
-                                op: RowOp::Insert(after.as_ref()),
-                            };
-                            per_shard[usize::from(from)].push(wire_of(&delete));
-                            per_shard[usize::from(to)].push(wire_of(&insert));
+                            let row = |values| WireRowRef { values };
+                            let delete = WireOpRef::Delete(row(before));
+                            let insert = WireOpRef::Insert(row(after));
+                            let table = op.table;
+                            put(from, WireTableOpRef { table, op: delete }, &[before]);
+                            put(to, WireTableOpRef { table, op: insert }, &[after]);
                         }
                     }
                 }
             }
             for (s, ops) in per_shard.into_iter().enumerate() {
                 if !ops.is_empty() {
-                    slices[s].push(WireTxn { ts, ops });
+                    slices[s].push(WireTxnRef { ts, ops });
                 }
             }
         }
         slices
             .into_iter()
-            .map(|txns| {
-                OpBatch {
+            .zip(sizes)
+            .map(|(txns, size)| {
+                OpBatchRef {
                     txns,
                     applied_through: *range.end(),
                 }
-                .encode()
+                .encode_into(AlignedVec::with_capacity(size))
                 .map_err(|e| NodeError::Batch(e.to_string()))
             })
             .collect()
@@ -341,22 +373,5 @@ impl NodeHandle {
             out.extend(futures::executor::block_on(read).map_err(|_| NodeError::Stopped)??);
         }
         Ok(out)
-    }
-}
-
-fn wire_of(op: &TableOp<&[Value]>) -> WireTableOp {
-    let row = |r: &[Value]| retina_protocol::WireRow::from(r);
-    WireTableOp {
-        table: op.table,
-        op: match &op.op {
-            RowOp::Insert(r) => retina_protocol::WireOp::Insert(row(r)),
-            RowOp::Delete(r) => retina_protocol::WireOp::Delete(row(r)),
-            RowOp::Update { before, after } => retina_protocol::WireOp::Update {
-                before: row(before),
-                after: row(after),
-            },
-            RowOp::Upsert(r) => retina_protocol::WireOp::Upsert(row(r)),
-            RowOp::Truncate => retina_protocol::WireOp::Truncate,
-        },
     }
 }

@@ -12,4 +12,9 @@ pub mod retina_capnp {
     include!("generated/retina_capnp.rs");
 }
 
-pub use ops::{OpBatch, ProtocolError, WireOp, WireRow, WireTableOp, WireTxn, WireValue};
+pub use ops::{
+    OpBatch, OpBatchRef, ProtocolError, WireOp, WireOpRef, WireRow, WireRowRef, WireTableOp,
+    WireTableOpRef, WireTxn, WireTxnRef, WireValue,
+};
+/// The buffer an op batch is encoded into (rkyv's, aligned for reading in place).
+pub use rkyv::util::AlignedVec;
