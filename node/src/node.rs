@@ -343,6 +343,8 @@ impl Node {
 
         // Every shard's queues, created first: the coordinator sends to shards too. The data
         // queue bounds the batches in flight; the control queue is the coordinator's.
+        // A batch taken per batch applied: a little slack per shard is enough.
+        let batch_buffers = crate::handle::BatchBuffers::new(2 * usize::from(shards) + 2);
         let (shard_txs, mut shard_rxs): (Vec<_>, Vec<_>) = (0..shards)
             .map(|_| flume::bounded::<ShardMsg>(settings.shard_queue_batches))
             .unzip();
@@ -485,6 +487,7 @@ impl Node {
                 watermarks,
                 scan_listener: scan_listeners.next().flatten(),
                 auth_token: options.auth_token.clone(),
+                batch_buffers: Some(batch_buffers.clone()),
             };
             executors.push(
                 LocalExecutorBuilder::new(Placement::Fixed(usize::from(id) % cores))
@@ -511,6 +514,7 @@ impl Node {
                 decimal_handling: settings.decimal_handling,
                 data_dir: options.data_dir.as_path().into(),
                 lease: options.cluster.as_ref().map(|m| m.clock().clone()),
+                batch_buffers,
             },
             _lock: lock,
             coordinator,

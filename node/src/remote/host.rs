@@ -413,6 +413,8 @@ fn start_shard(shared: &Shared, shard: u16, hello: &Hello) -> Result<Started, St
             }),
         scan_listener: Some(scan_listener),
         auth_token: options.auth_token.clone(),
+        // Batches come off the connection: their buffers go with it.
+        batch_buffers: None,
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let executor = LocalExecutorBuilder::new(Placement::Fixed(usize::from(shard) % cores))

@@ -21,6 +21,7 @@ use super::scan_service::{RunningQueries, serve_scan};
 use super::vis_checkpoint::VisCheckpoints;
 use crate::catalog::Catalog;
 use crate::coordinator::{CoordMsg, PlanFile, QueryId, checkpoint_dir};
+use crate::handle::BatchBuffers;
 use crate::io::IoRequest;
 use crate::lake::LakeCheckpoints;
 use crate::status::NodeStatus;
@@ -51,6 +52,8 @@ pub struct ShardSetup {
     /// Bound and non-blocking; owned here until the actor serves it.
     pub scan_listener: Option<std::net::TcpListener>,
     pub auth_token: Option<String>,
+    /// Where an applied batch's buffer goes back to the sink (`None`: it is freed).
+    pub(crate) batch_buffers: Option<BatchBuffers>,
 }
 
 pub struct ShardActor {
@@ -77,6 +80,7 @@ pub struct ShardActor {
     /// from a checkpoint while the others went on): served, and known to the coordinator,
     /// once it has.
     behind: Vec<(QueryId, Timestamp, u64)>,
+    batch_buffers: Option<BatchBuffers>,
 }
 
 impl ShardActor {
@@ -143,6 +147,7 @@ impl ShardActor {
             stopped: false,
             writing: Rc::default(),
             behind: Vec::new(),
+            batch_buffers: setup.batch_buffers,
         };
         let mut control_open = true;
         while let Some(msg) = next(&control, &data, &mut control_open).await {
@@ -164,7 +169,12 @@ impl ShardActor {
     /// Handles one message; false once the actor stops.
     async fn on_message(&mut self, msg: ShardMsg) -> bool {
         match msg {
-            ShardMsg::Apply(bytes) => self.on_apply(&bytes).await,
+            ShardMsg::Apply(bytes) => {
+                self.on_apply(&bytes).await;
+                if let Some(buffers) = &self.batch_buffers {
+                    buffers.give_back(bytes);
+                }
+            }
             ShardMsg::Snapshot {
                 table,
                 ts,
