@@ -19,6 +19,96 @@ use retina_node::sink::{SourceSpec, run_sink};
 
 use crate::measure::{file_sink, median, node_with_lake};
 
+/// CPU time per kind of thread of this process while a replay runs, from
+/// `/proc/self/task/*/stat`, sampled every 20 ms so that threads which end with the run (the
+/// decode lanes, the source reader) still count. Kinds are thread names without their number;
+/// the thread that started the sampler (it runs the sink) is `sink`.
+struct ThreadCpu {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<std::collections::HashMap<String, f64>>,
+}
+
+impl ThreadCpu {
+    /// Kinds in the order they are reported.
+    const KINDS: [&'static str; 5] = ["decode", "sink", "shard", "writer", "source"];
+
+    fn start() -> ThreadCpu {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let me = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok());
+        let done = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let first = Self::sample();
+            let mut last = first.clone();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(20));
+                last.extend(Self::sample());
+            }
+            last.extend(Self::sample());
+            let mut per = std::collections::HashMap::new();
+            for (tid, (name, secs)) in last {
+                let before = first.get(&tid).map_or(0.0, |(_, s)| *s);
+                let kind = if Some(tid) == me {
+                    "sink"
+                } else if name.starts_with("retina-decode") {
+                    "decode"
+                } else if name.starts_with("retina-shard") {
+                    "shard"
+                } else if name.starts_with("tokio-") || name == "retina-io" {
+                    // The I/O thread and its pool encode and write Parquet.
+                    "writer"
+                } else if name == "retina-source" {
+                    "source"
+                } else {
+                    "other"
+                };
+                *per.entry(kind.to_owned()).or_insert(0.0) += secs - before;
+            }
+            per
+        });
+        ThreadCpu { stop, sampler }
+    }
+
+    /// Each thread's name and CPU seconds (user and system) so far.
+    fn sample() -> std::collections::HashMap<u64, (String, f64)> {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let mut out = std::collections::HashMap::new();
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return out;
+        };
+        for task in tasks.flatten() {
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+            // After the name: state is field 0, utime field 11, stime field 12.
+            if let (Some(tid), Some(user), Some(system)) = (
+                task.file_name().to_str().and_then(|t| t.parse().ok()),
+                ticks(11),
+                ticks(12),
+            ) {
+                out.insert(
+                    tid,
+                    (stat[open + 1..close].to_owned(), (user + system) / hz),
+                );
+            }
+        }
+        out
+    }
+
+    /// CPU seconds per kind since [`Self::start`].
+    fn stop(self) -> std::collections::HashMap<String, f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.sampler.join().unwrap_or_default()
+    }
+}
+
 /// Deletes what a run left in an S3 lake (a local lake goes with its data directory).
 fn clear_lake(lake: &LakeSpec) -> anyhow::Result<()> {
     use futures::TryStreamExt;
@@ -155,37 +245,42 @@ pub(super) fn run(
         };
         // One timed replay through the sink (`what` names the source in errors): rows/s until
         // HWM passes its last transaction.
-        let timed_sink_run = |data: &std::path::Path,
-                              options: &retina_node::sink::SinkOptions,
-                              what: &str|
-         -> anyhow::Result<f64> {
-            let node = start_node(data)?;
-            let start = Instant::now();
-            let report = run_sink(node.handle(), options);
-            anyhow::ensure!(
-                report.stopped_by.is_none(),
-                "replay{what} stopped: {:?}",
-                report.stopped_by
-            );
-            let last = report
-                .last_ts
-                .with_context(|| format!("nothing replayed{what}"))?;
-            anyhow::ensure!(
-                node.handle().wait_visible(last, Duration::from_secs(600)),
-                "HWM did not reach {last}"
-            );
-            anyhow::ensure!(
-                report.transactions == txns.len() as u64,
-                "{} of {} transactions came{what}",
-                report.transactions,
-                txns.len()
-            );
-            let rate = rows as f64 / start.elapsed().as_secs_f64();
-            node.shutdown();
-            std::fs::remove_dir_all(data)?;
-            clear_lake(&run_lake(data))?;
-            Ok(rate)
-        };
+        let timed_sink_run =
+            |data: &std::path::Path,
+             options: &retina_node::sink::SinkOptions,
+             what: &str|
+             -> anyhow::Result<(f64, std::collections::HashMap<String, f64>)> {
+                let node = start_node(data)?;
+                let start = Instant::now();
+                let cpu = ThreadCpu::start();
+                let report = run_sink(node.handle(), options);
+                anyhow::ensure!(
+                    report.stopped_by.is_none(),
+                    "replay{what} stopped: {:?}",
+                    report.stopped_by
+                );
+                let last = report
+                    .last_ts
+                    .with_context(|| format!("nothing replayed{what}"))?;
+                anyhow::ensure!(
+                    node.handle().wait_visible(last, Duration::from_secs(600)),
+                    "HWM did not reach {last}"
+                );
+                anyhow::ensure!(
+                    report.transactions == txns.len() as u64,
+                    "{} of {} transactions came{what}",
+                    report.transactions,
+                    txns.len()
+                );
+                let rate = rows as f64 / start.elapsed().as_secs_f64();
+                let cpu = cpu.stop();
+                node.shutdown();
+                std::fs::remove_dir_all(data)?;
+                clear_lake(&run_lake(data))?;
+                Ok((rate, cpu))
+            };
+        // CPU µs per row by thread kind, per run at the default lane count.
+        let mut cpu_per_row: std::collections::HashMap<String, Vec<f64>> = Default::default();
         for run in 0..runs {
             // From Debezium JSON: the decode lanes read and parse, the sink groups, routes and
             // encodes.
@@ -193,7 +288,15 @@ pub(super) fn run(
                 let data = dir.path().join(format!("json-{shards}-{lanes}-{run}"));
                 let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
                 options.decode_lanes = *lanes;
-                from_json.push(timed_sink_run(&data, &options, "")?);
+                let (rate, cpu) = timed_sink_run(&data, &options, "")?;
+                from_json.push(rate);
+                if *lanes == Settings::default().decode_lanes() {
+                    let total: f64 = cpu.values().sum();
+                    for (kind, secs) in cpu.into_iter().chain([("total".to_owned(), total)]) {
+                        let per_row = secs * 1e6 / rows as f64;
+                        cpu_per_row.entry(kind).or_default().push(per_row);
+                    }
+                }
             }
 
             // The same JSON from Kafka: fetching and rebuilding transactions across partitions.
@@ -201,7 +304,7 @@ pub(super) fn run(
                 let data = dir.path().join(format!("kafka-{shards}-{run}"));
                 let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
                 options.source = source.clone();
-                from_kafka.push(timed_sink_run(&data, &options, " from Kafka")?);
+                from_kafka.push(timed_sink_run(&data, &options, " from Kafka")?.0);
             }
 
             // From pre-encoded op batches: timestamps, routing and encoding before the clock.
@@ -253,6 +356,22 @@ pub(super) fn run(
                 );
             }
         }
+        // Where the JSON replay's CPU goes (medians over the runs).
+        let mut line = Vec::new();
+        for kind in ThreadCpu::KINDS.iter().chain(&["other", "total"]) {
+            let Some(mut v) = cpu_per_row.remove(*kind) else {
+                continue;
+            };
+            let us = median(&mut v);
+            line.push(format!("{kind} {us:.2}"));
+            let _ = record(
+                "replay",
+                &format!("json_cpu_us_per_row_{shards}_shards_{kind}{on}"),
+                us,
+                "us/row",
+            );
+        }
+        println!("        JSON replay, CPU µs per row: {}", line.join(", "));
         if let Some(k) = k {
             let _ = record(
                 "replay",
