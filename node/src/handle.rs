@@ -84,6 +84,8 @@ pub(crate) struct BatchBuffers {
 
 /// A batch buffer larger than this is freed rather than kept (a large transaction's batch).
 const KEPT_BUFFER_BYTES: usize = 16 << 20;
+/// Any kept buffer up to this size may take any batch.
+const SMALL_BUFFER_BYTES: usize = 64 << 10;
 
 impl BatchBuffers {
     /// A pool that keeps at most `count` buffers.
@@ -92,13 +94,18 @@ impl BatchBuffers {
         BatchBuffers { tx, rx }
     }
 
-    /// An empty buffer with room for `bytes`: a kept one where there is one.
+    /// An empty buffer with room for `bytes`: a kept one where there is one not much larger
+    /// (a small batch, such as an idle shard's "applied through", never holds a large one).
     fn take(&self, bytes: usize) -> AlignedVec {
         match self.rx.try_recv() {
-            Ok(mut b) => {
+            Ok(mut b) if b.capacity() <= bytes.saturating_mul(4).max(SMALL_BUFFER_BYTES) => {
                 b.clear();
                 b.reserve(bytes);
                 b
+            }
+            Ok(large) => {
+                self.give_back(large);
+                AlignedVec::with_capacity(bytes)
             }
             Err(_) => AlignedVec::with_capacity(bytes),
         }
@@ -436,7 +443,13 @@ mod tests {
         assert!(again.is_empty(), "cleared");
         // Grown where a batch needs more room.
         pool.give_back(again);
-        assert!(pool.take(1 << 20).capacity() >= 1 << 20);
+        let grown = pool.take(1 << 20);
+        assert!(grown.capacity() >= 1 << 20);
+        // A small batch does not take a large buffer: it stays kept for a large one.
+        let large = grown.as_ptr();
+        pool.give_back(grown);
+        assert_ne!(pool.take(100).as_ptr(), large);
+        assert_eq!(pool.take(1 << 19).as_ptr(), large);
         // A large buffer is freed, and at most two are kept.
         pool.give_back(AlignedVec::with_capacity(KEPT_BUFFER_BYTES + 1));
         assert!(pool.rx.is_empty());

@@ -7,7 +7,8 @@ use retina_storage::{RowOp, RowRef, TableId, TableOp, TableOpRef, Value, ValueRe
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
-/// A value on the wire; the same variants as [`Value`].
+/// A value on the wire; the same variants as [`Value`]. `WireValueRef` writes the same archived
+/// bytes: keep its variants, in this order, in step with these (the byte-identity test checks).
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub enum WireValue {
     Null,
@@ -26,6 +27,7 @@ pub struct WireRow {
     pub values: Vec<WireValue>,
 }
 
+/// `WireOpRef` writes the same archived bytes: keep its variants, in this order, in step.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize, Clone, Debug, PartialEq)]
 pub enum WireOp {
     Insert(WireRow),

@@ -21,7 +21,8 @@ use crate::measure::{file_sink, median, node_with_lake};
 
 /// CPU time per kind of thread of this process while a replay runs, from
 /// `/proc/self/task/*/stat`, sampled every 20 ms so that threads which end with the run (the
-/// decode lanes, the source reader) still count. Kinds are thread names without their number;
+/// decode lanes, the source reader) still count (less what such a thread used in its last
+/// 20 ms). Kinds are thread names without their number;
 /// the thread that started the sampler (it runs the sink) is `sink`.
 struct ThreadCpu {
     stop: Arc<std::sync::atomic::AtomicBool>,
@@ -38,8 +39,8 @@ impl ThreadCpu {
             .ok()
             .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok());
         let done = stop.clone();
+        let first = Self::sample();
         let sampler = std::thread::spawn(move || {
-            let first = Self::sample();
             let mut last = first.clone();
             while !done.load(std::sync::atomic::Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
