@@ -126,6 +126,19 @@ pub(crate) fn percentile(v: &mut [f64], p: usize) -> Option<f64> {
         .copied()
 }
 
+/// A `/proc/.../stat` line's command name and the CPU seconds used (user + system).
+pub(crate) fn proc_stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    // Fields after the command name (which may hold spaces or parentheses) start after the
+    // last ')'.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(').map_or("", |(_, n)| n);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name, in
+    // USER_HZ ticks, which Linux fixes at 100 per second in what /proc shows.
+    Some((name, (ticks(11)? + ticks(12)?) / 100.0))
+}
+
 /// This process's resident memory.
 pub(crate) fn rss_mib() -> f64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
@@ -133,4 +146,19 @@ pub(crate) fn rss_mib() -> f64 {
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);
     pages as f64 * 4096.0 / (1 << 20) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_stat_cpu;
+
+    #[test]
+    fn a_stat_line_gives_its_name_and_cpu_seconds() {
+        // A name with spaces and parentheses; utime 250 and stime 50 ticks.
+        let line = "42 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0";
+        assert_eq!(proc_stat_cpu(line), Some(("a (b) c", 3.0)));
+        assert_eq!(proc_stat_cpu("42 (x) S 1 2"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(proc_stat_cpu(&own).is_some_and(|(_, s)| s >= 0.0));
+    }
 }

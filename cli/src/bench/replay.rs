@@ -17,7 +17,7 @@ use retina_node::settings::Settings;
 use retina_node::sink::kafka::{KafkaSpec, produce_lines};
 use retina_node::sink::{SourceSpec, run_sink};
 
-use crate::measure::{file_sink, median, node_with_lake};
+use crate::measure::{file_sink, median, node_with_lake, proc_stat_cpu};
 
 /// CPU time per kind of thread of this process while a replay runs, from
 /// `/proc/self/task/*/stat`, sampled every 20 ms so that threads which end with the run (the
@@ -73,8 +73,6 @@ impl ThreadCpu {
 
     /// Each thread's name and CPU seconds (user and system) so far.
     fn sample() -> std::collections::HashMap<u64, (String, f64)> {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
         let mut out = std::collections::HashMap::new();
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
             return out;
@@ -83,21 +81,11 @@ impl ThreadCpu {
             let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
                 continue;
             };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-                continue;
-            };
-            let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-            let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-            // After the name: state is field 0, utime field 11, stime field 12.
-            if let (Some(tid), Some(user), Some(system)) = (
+            if let (Some(tid), Some((name, secs))) = (
                 task.file_name().to_str().and_then(|t| t.parse().ok()),
-                ticks(11),
-                ticks(12),
+                proc_stat_cpu(&stat),
             ) {
-                out.insert(
-                    tid,
-                    (stat[open + 1..close].to_owned(), (user + system) / hz),
-                );
+                out.insert(tid, (name.to_owned(), secs));
             }
         }
         out

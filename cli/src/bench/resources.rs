@@ -7,26 +7,12 @@ use retina_bench::results::record;
 use retina_node::settings::Settings;
 
 use super::common::drive_replay_workload;
-use crate::measure::rss_mib;
+use crate::measure::{proc_stat_cpu, rss_mib};
 
 /// CPU seconds this process has used (user + system), from /proc.
 fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name, in
-    // USER_HZ ticks, which Linux fixes at 100 per second in what /proc shows.
-    (ticks(11) + ticks(12)) / 100.0
+    proc_stat_cpu(&stat).map_or(0.0, |(_, secs)| secs)
 }
 
 pub(super) fn run(rates: &[u64], seconds: u64, shards: u16) -> anyhow::Result<()> {
