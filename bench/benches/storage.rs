@@ -504,6 +504,44 @@ fn checkpoint(c: &mut Criterion) {
     g.finish();
 }
 
+/// Parsing the replay workload's Debezium JSON lines into messages on one core, as a decode
+/// lane does (the catalog lookup included): 20,000 lines of the NewOrder stream (stock updates,
+/// order-line inserts, district updates and BEGIN/END markers).
+fn decode(c: &mut Criterion) {
+    use retina_node::catalog::Catalog;
+    use retina_node::debezium::{ParseOptions, SourcePosition, parse_line_with};
+    let catalog = Catalog::from_ddl(retina_bench::ch::REPLAY_DDL, "replay workload").unwrap();
+    let txns = retina_bench::ch::replay_workload(1, 1, 2_000);
+    let mut json = Vec::new();
+    retina_bench::ch::write_debezium(&mut json, catalog.tables(), &txns).unwrap();
+    let text = String::from_utf8(json).unwrap();
+    // The NewOrder part: the load's inserts are a different shape, and the stream is mostly this.
+    let lines: Vec<&str> = text.lines().rev().take(20_000).collect();
+    let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+    let lookup = |name: &str| {
+        catalog
+            .resolve(name)
+            .and_then(|id| catalog.get(id).cloned())
+    };
+    let options = ParseOptions::default();
+    let pos = SourcePosition::new("bench", 1);
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(lines.len() as u64));
+    g.bench_function("neworder_lines", |b| {
+        b.iter(|| {
+            for line in &lines {
+                black_box(parse_line_with(line, &pos, &lookup, &options).unwrap());
+            }
+        })
+    });
+    g.finish();
+    eprintln!(
+        "decode: {} lines, {bytes} bytes ({} bytes per line)",
+        lines.len(),
+        bytes / lines.len()
+    );
+}
+
 criterion_group!(
     benches,
     sizes,
@@ -512,6 +550,7 @@ criterion_group!(
     index,
     shard,
     vfor,
-    checkpoint
+    checkpoint,
+    decode
 );
 criterion_main!(benches);

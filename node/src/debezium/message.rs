@@ -193,6 +193,14 @@ fn txn_id(v: Option<&Json>) -> Option<String> {
     }
 }
 
+/// [`txn_id`] of a value the caller owns (a string is not copied).
+fn txn_id_owned(v: Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s),
+        other => txn_id(Some(&other)),
+    }
+}
+
 /// A count or order: a JSON number, or a numeric string (Debezium's own examples quote them).
 fn json_u64(v: Option<&Json>) -> Option<u64> {
     match v? {
@@ -204,10 +212,23 @@ fn json_u64(v: Option<&Json>) -> Option<u64> {
 
 /// A change event's `transaction` block, if it has all three fields.
 pub(super) fn transaction_ref(t: &Json) -> Option<TxnRef> {
+    transaction_from(
+        t.get("id").cloned(),
+        t.get("total_order"),
+        t.get("data_collection_order"),
+    )
+}
+
+/// A `transaction` block from its three fields, if they are all there and of their types.
+pub(super) fn transaction_from(
+    id: Option<Json>,
+    total_order: Option<&Json>,
+    data_collection_order: Option<&Json>,
+) -> Option<TxnRef> {
     Some(TxnRef {
-        id: txn_id(t.get("id"))?,
-        total_order: json_u64(t.get("total_order"))?,
-        data_collection_order: json_u64(t.get("data_collection_order"))?,
+        id: txn_id_owned(id?)?,
+        total_order: json_u64(total_order)?,
+        data_collection_order: json_u64(data_collection_order)?,
     })
 }
 

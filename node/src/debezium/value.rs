@@ -94,6 +94,15 @@ pub(super) enum Image {
     Before,
 }
 
+/// A column's value as the parse read it.
+pub(super) enum Cell<'j> {
+    /// A JSON value, borrowed from a DOM or owned.
+    Json(Cow<'j, Json>),
+    /// A JSON string without escapes, borrowed from the line: a text column copies it once,
+    /// a decimal column parses it in place.
+    Str(&'j str),
+}
+
 /// Converts row images of one event.
 pub(super) struct Rows<'a> {
     pub(super) table: &'a TableSchema,
@@ -108,14 +117,17 @@ impl Rows<'_> {
         obj: &Map<String, Json>,
         image: Image,
     ) -> Result<Vec<Value>, DebeziumError> {
-        self.convert_from(|column| obj.get(column).map(Cow::Borrowed), image)
+        self.convert_from(
+            |column| obj.get(column).map(|v| Cell::Json(Cow::Borrowed(v))),
+            image,
+        )
     }
 
     /// [`Self::convert`] of an image whose column values `get` looks up by name (an owned
     /// string value becomes the column's value without a copy).
     pub(super) fn convert_from<'j>(
         &self,
-        mut get: impl FnMut(&str) -> Option<Cow<'j, Json>>,
+        mut get: impl FnMut(&str) -> Option<Cell<'j>>,
         image: Image,
     ) -> Result<Vec<Value>, DebeziumError> {
         let pk = self.table.primary_key();
@@ -152,9 +164,13 @@ impl Rows<'_> {
                     .unwrap_or_default()
             };
             let value = match json {
-                Cow::Owned(Json::String(s)) if col.ty == ColumnType::Utf8 => Value::Utf8(s),
-                json => convert(col, &json, field, self.options).map_err(value_error)?,
-            };
+                Cell::Str(s) => convert_str(col, s, field, self.options),
+                Cell::Json(Cow::Owned(Json::String(s))) if col.ty == ColumnType::Utf8 => {
+                    Ok(Value::Utf8(s))
+                }
+                Cell::Json(json) => convert(col, &json, field, self.options),
+            }
+            .map_err(value_error)?;
             // A before image's non-key columns may be null even where the column is NOT NULL
             // (Postgres sends only the key under REPLICA IDENTITY DEFAULT).
             let unchecked = image == Image::Before && !is_key && value == Value::Null;
@@ -230,6 +246,22 @@ pub(super) fn convert(
     }
 }
 
+/// [`convert`] of a JSON string, read in place where the column's type allows.
+fn convert_str(
+    col: &ColumnDef,
+    s: &str,
+    field: FieldType<'_>,
+    options: &ParseOptions,
+) -> Result<Value, String> {
+    match col.ty {
+        ColumnType::Utf8 => Ok(Value::Utf8(s.to_owned())),
+        ColumnType::Decimal { scale, .. } => {
+            decimal_from_str(s, scale, field, options.decimal_handling).map(Value::Decimal)
+        }
+        _ => convert(col, &Json::String(s.to_owned()), field, options),
+    }
+}
+
 /// A boolean; also 0 or 1, which is how MySQL's `tinyint(1)` arrives without a converter.
 pub(super) fn to_bool(v: &Json) -> Result<bool, String> {
     match v {
@@ -299,31 +331,39 @@ pub(super) fn to_decimal(
             })?;
             rescale(decode_unscaled(bytes)?, from, scale)
         }
-        Json::String(s) => {
-            if field.name == Some(CONNECT_DECIMAL) {
-                let from = match field.scale {
-                    None => i64::from(scale),
-                    Some(p) => json_i64(Some(p)).ok_or_else(|| {
-                        format!("the envelope schema gives decimal scale {p}, not an integer")
-                    })?,
-                };
-                return rescale(decode_unscaled(s)?, from, scale);
-            }
-            match (field.connect, mode) {
-                (Some("bytes"), _) | (None, DecimalHandling::Precise) => decode_unscaled(s),
-                (Some("string"), _) | (None, DecimalHandling::String) => parse_decimal(s, scale),
-                (None, DecimalHandling::Double) => Err(format!(
-                    "decimal_handling = \"double\" expects a JSON number, got string {s:?}; \
-                     set decimal_handling to the connector's decimal.handling.mode"
-                )),
-                (Some(other), _) => Err(format!(
-                    "the envelope schema gives type `{other}` for a decimal string {s:?}"
-                )),
-            }
-        }
+        Json::String(s) => decimal_from_str(s, scale, field, mode),
         other => Err(format!(
             "expected a decimal string, base64 bytes or a number, got {}",
             describe(other)
+        )),
+    }
+}
+
+/// [`to_decimal`] of a JSON string: base64 bytes or a literal, as the schema or `mode` says.
+fn decimal_from_str(
+    s: &str,
+    scale: i8,
+    field: FieldType<'_>,
+    mode: DecimalHandling,
+) -> Result<i128, String> {
+    if field.name == Some(CONNECT_DECIMAL) {
+        let from = match field.scale {
+            None => i64::from(scale),
+            Some(p) => json_i64(Some(p)).ok_or_else(|| {
+                format!("the envelope schema gives decimal scale {p}, not an integer")
+            })?,
+        };
+        return rescale(decode_unscaled(s)?, from, scale);
+    }
+    match (field.connect, mode) {
+        (Some("bytes"), _) | (None, DecimalHandling::Precise) => decode_unscaled(s),
+        (Some("string"), _) | (None, DecimalHandling::String) => parse_decimal(s, scale),
+        (None, DecimalHandling::Double) => Err(format!(
+            "decimal_handling = \"double\" expects a JSON number, got string {s:?}; \
+             set decimal_handling to the connector's decimal.handling.mode"
+        )),
+        (Some(other), _) => Err(format!(
+            "the envelope schema gives type `{other}` for a decimal string {s:?}"
         )),
     }
 }

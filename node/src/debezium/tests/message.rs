@@ -568,6 +568,13 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
                "transaction": {"id": 9, "total_order": "1", "data_collection_order": "1"}})
         .to_string(),
     ];
+    // A variable-scale decimal (an object), a null `transaction`, a text column written with
+    // escapes only in part of it.
+    taken.push(
+        json!({"op": "c", "after": {"id": 3, "qty": 1, "price": {"scale": 1, "value": "BNI="}, "note": "a\tb"},
+               "source": {"schema": "public", "table": "orders"}, "transaction": null})
+        .to_string(),
+    );
     // A repeated key: the last one counts, as in a JSON map.
     taken.push(
         r#"{"op":"c","after":{"id":1,"qty":1,"id":2,"qty":3},"source":{"schema":"public","table":"orders"},"op":"c"}"#
@@ -584,6 +591,14 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
         // Errors: a missing key, a wrong type, an unknown table, an escaped key.
         event("c", Json::Null, json!({"qty": 1}), None).to_string(),
         event("c", Json::Null, json!({"id": "x", "qty": 1}), None).to_string(),
+        event("c", Json::Null, json!({"id": 1, "qty": 1, "note": ["x"]}), None).to_string(),
+        event("c", Json::Null, json!({"id": 1, "qty": 1, "price": "x1"}), None).to_string(),
+        json!({"op": "c", "after": {"id": 1, "qty": 1}, "source": {"schema": "public", "table": "orders"},
+               "transaction": "t1"})
+        .to_string(),
+        json!({"op": "c", "after": {"id": 1, "qty": 1}, "source": {"schema": "public", "table": "orders"},
+               "transaction": {"id": "t1", "total_order": 1}})
+        .to_string(),
         json!({"op": "c", "after": {"a": 1}, "source": {"table": "nope"}}).to_string(),
         r#"{"o\u0070":"c","after":{"id":1,"qty":1},"source":{"table":"orders","schema":"public"}}"#
             .to_owned(),
