@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 
+mod live;
 mod output;
 mod table;
 

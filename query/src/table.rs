@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, BooleanArray};
-use datafusion::arrow::buffer::BooleanBuffer;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, SchemaRef, UInt32Type};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -12,6 +11,7 @@ use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
 use datafusion::datasource::physical_plan::parquet::{ParquetAccessPlan, RowGroupAccess};
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
@@ -40,6 +40,7 @@ use retina_client::{BufferPart, PartData, PlanFile, RowGroupBitmap, TableInfo, f
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
+use crate::live::{LiveRowsExec, live_rows};
 use crate::{RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
@@ -232,9 +233,11 @@ impl TableProvider for RetinaTable {
             let mut columns = projection.clone();
             columns.extend([n, n + 1]);
             let input = scan(masked, share(masked_rows), columns, true, None)?;
-            let visible = not_deleted(state, bitmaps, &input, projection.len())?;
-            let filtered = Arc::new(FilterExec::try_new(visible, input)?);
-            inputs.push(project_out(filtered)?);
+            inputs.push(Arc::new(LiveRowsExec::try_new(
+                input,
+                bitmaps,
+                projection.len(),
+            )?));
         }
         if !straddling.is_empty() {
             // Row groups with rows created after the snapshot: read `_create_ts` as well, keep
@@ -318,6 +321,7 @@ impl TableProvider for RetinaTable {
                 columns,
                 if check { None } else { limit },
                 tagged,
+                false,
             )?;
             if check {
                 let p = projection.len();
@@ -492,12 +496,14 @@ fn parquet_scan(
         columns,
         limit,
         tagged,
+        true,
     )
 }
 
 /// DataFusion's Parquet scan of `groups` (one partition each). `tagged`: each file carries its
 /// index as [`FILE_COLUMN`] and every row its number in the object as [`ROW_COLUMN`], after
-/// the stored columns.
+/// the stored columns. `cache_footers`: the objects are regular files, whose footers are
+/// cached across queries.
 #[allow(clippy::too_many_arguments)]
 fn scan_exec(
     state: &dyn Session,
@@ -508,6 +514,7 @@ fn scan_exec(
     columns: Vec<usize>,
     limit: Option<usize>,
     tagged: bool,
+    cache_footers: bool,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let options = TableParquetOptions {
         global: state.config_options().execution.parquet.clone(),
@@ -526,6 +533,16 @@ fn scan_exec(
             .with_virtual_columns(vec![Arc::new(row)]);
     }
     let mut source = ParquetSource::new(table_schema.build()).with_table_parquet_options(options);
+    if cache_footers {
+        // A regular file's object is written once, under its file id, and never changed (a
+        // rewrite gets a new id): its footer is kept in the session runtime's metadata cache
+        // and later queries skip reading and parsing it again.
+        let store = state.runtime_env().object_store(url)?;
+        let cache = state.runtime_env().cache_manager.get_file_metadata_cache();
+        source = source.with_parquet_file_reader_factory(Arc::new(
+            CachedParquetFileReaderFactory::new(store, cache),
+        ));
+    }
     if let Some(p) = predicate {
         source = source.with_predicate(p);
     }
@@ -624,16 +641,12 @@ impl ScalarUDFImpl for NotDeleted {
             return Err(DataFusionError::Internal("two arguments".into()));
         };
         let files = file.to_array(n)?;
-        let files = files.as_primitive::<UInt32Type>();
         let rows = row.to_array(n)?;
-        let rows = rows.as_primitive::<Int64Type>();
-        let live = BooleanBuffer::collect_bool(n, |i| {
-            let bitmap = &self.bitmaps[files.value(i) as usize];
-            let r = rows.value(i) as u64;
-            bitmap
-                .get((r / 64) as usize)
-                .is_none_or(|w| w >> (r % 64) & 1 == 0)
-        });
+        let live = live_rows(
+            &self.bitmaps,
+            files.as_primitive::<UInt32Type>().values(),
+            rows.as_primitive::<Int64Type>().values(),
+        );
         Ok(ColumnarValue::Array(Arc::new(BooleanArray::new(
             live, None,
         ))))
