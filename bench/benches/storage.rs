@@ -382,9 +382,12 @@ fn sizes(_: &mut Criterion) {
 /// (every row) and through VFoR at a snapshot (row-group statistics, the deleted bitmap of 1%
 /// of the rows, the `_create_ts` filter where a row group needs it).
 fn vfor(c: &mut Criterion) {
+    use arrow::array::BooleanArray;
     use arrow::array::{AsArray, types::Decimal128Type};
     use parquet::arrow::ProjectionMask;
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::arrow_reader::{
+        ParquetRecordBatchReaderBuilder, RowSelection, RowSelectionPolicy,
+    };
 
     let schema = orderline_schema();
     let config = StorageConfig::default();
@@ -437,6 +440,32 @@ fn vfor(c: &mut Criterion) {
             black_box(out.iter().map(&sum).sum::<i128>())
         })
     });
+    // The same rows dropped inside the reader: decoded whole, then filtered by a row
+    // selection applied as a mask (and, for comparison, as a list of skip/select runs).
+    let keep = |i: usize| deleted.get(i / 64).is_none_or(|w| w >> (i % 64) & 1 == 0);
+    let selection = RowSelection::from_filters(&[BooleanArray::from_iter(
+        (0..rows.len()).map(|i| Some(keep(i))),
+    )]);
+    for (name, policy) in [
+        ("mask_scan_sum", RowSelectionPolicy::Mask),
+        ("selectors_scan_sum", RowSelectionPolicy::Selectors),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).unwrap();
+                let mask = ProjectionMask::roots(builder.parquet_schema(), [amount]);
+                let total: i128 = builder
+                    .with_projection(mask)
+                    .with_row_selection(selection.clone())
+                    .with_row_selection_policy(policy)
+                    .build()
+                    .unwrap()
+                    .map(|b| sum(&b.unwrap()))
+                    .sum();
+                black_box(total)
+            })
+        });
+    }
     // A snapshot inside the last row group: the `_create_ts` filter runs there.
     let mid = ts(last - 1000);
     let mut deleted_mid = Vec::new();
