@@ -19,7 +19,7 @@ use object_store::path::Path;
 use retina_protocol::query::read_table;
 use retina_protocol::retina_capnp::{
     bitmaps_result, bootstrap, buffer_part, buffer_result, coordinator, coordinator_result, done,
-    query_result, scan_plan_result, scan_service, scan_service_result,
+    file_bitmaps_result, query_result, scan_plan_result, scan_service, scan_service_result,
 };
 use retina_storage::file::{Projection, RowGroupInfo, filter_visible, get, read_visible};
 use retina_storage::{TableSchema, Timestamp};
@@ -338,18 +338,72 @@ pub async fn bitmaps(
     }
     let resp = req.send().promise.await?;
     match resp.get()?.get_result()?.which()? {
-        bitmaps_result::Which::Ok(list) => list?
-            .iter()
-            .map(|b| {
-                Ok(RowGroupBitmap {
-                    row_group: b.get_row_group(),
-                    rows: b.get_rows(),
-                    deleted: bitmap_words(b.get_deleted()?),
-                })
-            })
-            .collect(),
+        bitmaps_result::Which::Ok(list) => read_bitmaps(list?),
         bitmaps_result::Which::Error(e) => Err(refused(e)),
     }
+}
+
+/// The bitmaps of several files' row groups (`files`: each file and its row groups) at the
+/// query's snapshot, in one call; each file's answer in the order asked.
+pub async fn file_bitmaps(
+    scan: &scan_service::Client,
+    query: &QueryInfo,
+    files: &[(u64, Vec<u32>)],
+) -> Result<Vec<Vec<RowGroupBitmap>>, ClientError> {
+    let mut req = scan.file_bitmaps_request();
+    req.get().set_snapshot(query.snapshot.get());
+    req.get().set_query_id(query.id);
+    req.get().set_secret(query.secret);
+    let mut list = req.get().init_files(files.len() as u32);
+    for (i, (file, groups)) in files.iter().enumerate() {
+        let mut entry = list.reborrow().get(i as u32);
+        entry.set_file_id(*file);
+        let mut g = entry.init_row_groups(groups.len() as u32);
+        for (j, group) in groups.iter().enumerate() {
+            g.set(j as u32, *group);
+        }
+    }
+    let resp = req.send().promise.await?;
+    match resp.get()?.get_result()?.which()? {
+        file_bitmaps_result::Which::Ok(list) => {
+            let list = list?;
+            if list.len() as usize != files.len() {
+                return Err(ClientError::BadPlan(format!(
+                    "bitmaps of {} files asked, {} answered",
+                    files.len(),
+                    list.len()
+                )));
+            }
+            list.iter()
+                .zip(files)
+                .map(|(entry, (file, _))| {
+                    if entry.get_file_id() != *file {
+                        return Err(ClientError::BadPlan(format!(
+                            "bitmaps of file {file} asked, of file {} answered",
+                            entry.get_file_id()
+                        )));
+                    }
+                    read_bitmaps(entry.get_bitmaps()?)
+                })
+                .collect()
+        }
+        file_bitmaps_result::Which::Error(e) => Err(refused(e)),
+    }
+}
+
+/// Row groups' bitmaps from the contract's list.
+fn read_bitmaps(
+    list: capnp::struct_list::Reader<'_, retina_protocol::retina_capnp::row_group_bitmap::Owned>,
+) -> Result<Vec<RowGroupBitmap>, ClientError> {
+    list.iter()
+        .map(|b| {
+            Ok(RowGroupBitmap {
+                row_group: b.get_row_group(),
+                rows: b.get_rows(),
+                deleted: bitmap_words(b.get_deleted()?),
+            })
+        })
+        .collect()
 }
 
 /// The write buffer of `table` at `query`'s snapshot from a scan service, with the regular

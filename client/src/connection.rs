@@ -44,6 +44,12 @@ enum Call {
         row_groups: Vec<u32>,
         reply: Reply<Vec<RowGroupBitmap>>,
     },
+    FileBitmaps {
+        service: SocketAddr,
+        query: QueryInfo,
+        files: Vec<(u64, Vec<u32>)>,
+        reply: Reply<Vec<Vec<RowGroupBitmap>>>,
+    },
     Buffer {
         service: SocketAddr,
         query: QueryInfo,
@@ -202,6 +208,24 @@ impl Connection {
         .await
     }
 
+    /// The bitmaps of several files' row groups (`files`: each file and its row groups) at the
+    /// query's snapshot, from the scan service `service` in one call; each file's answer in the
+    /// order asked.
+    pub async fn file_bitmaps(
+        &self,
+        service: SocketAddr,
+        query: QueryInfo,
+        files: Vec<(u64, Vec<u32>)>,
+    ) -> Result<Vec<Vec<RowGroupBitmap>>, ClientError> {
+        self.call(|reply| Call::FileBitmaps {
+            service,
+            query,
+            files,
+            reply,
+        })
+        .await
+    }
+
     /// The write buffer of `table` at `snapshot` from the scan service `service`, with the
     /// regular files it holds that are not in `known`.
     pub async fn write_buffer(
@@ -291,6 +315,20 @@ impl Worker {
                     .on_scan(service, |s| {
                         let (query, row_groups) = (&query, &row_groups);
                         async move { calls::bitmaps(&s, query, file, row_groups).await }
+                    })
+                    .await;
+                let _ = reply.send(r);
+            }
+            Call::FileBitmaps {
+                service,
+                query,
+                files,
+                reply,
+            } => {
+                let r = self
+                    .on_scan(service, |s| {
+                        let (query, files) = (&query, &files);
+                        async move { calls::file_bitmaps(&s, query, files).await }
                     })
                     .await;
                 let _ = reply.send(r);

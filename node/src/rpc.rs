@@ -20,8 +20,8 @@ const TRAVERSAL_LIMIT_WORDS: usize = 1 << 20;
 const NESTING_LIMIT: i32 = 64;
 /// Connections one port serves at once; further ones are closed as they come.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// Row groups one `bitmaps` call may name (duplicates are answered once).
-pub const MAX_ROW_GROUPS_PER_CALL: u32 = 65_536;
+/// Row groups one `bitmaps` or `fileBitmaps` call may name.
+pub use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
 /// Known files one `writeBuffer` call may list.
 pub const MAX_KNOWN_FILES: u32 = 65_536;
 /// Bytes of a table name `scanPlan` accepts.

@@ -19,7 +19,7 @@ use retina_node::node::{Node, NodeOptions};
 use retina_node::settings::Settings;
 use retina_protocol::retina_capnp::{
     bitmaps_result, bootstrap, buffer_result, coordinator, coordinator_result, done, error,
-    query_result, scan_plan_result, scan_service, scan_service_result,
+    file_bitmaps_result, query_result, scan_plan_result, scan_service, scan_service_result,
 };
 use retina_storage::{RowOp, TableOp, Value};
 
@@ -184,6 +184,34 @@ async fn bitmaps(
     )
 }
 
+async fn file_bitmaps(
+    s: &scan_service::Client,
+    q: Q,
+    snapshot: u64,
+    files: &[(u64, &[u32])],
+) -> Result<String, String> {
+    let mut req = s.file_bitmaps_request();
+    req.get().set_snapshot(snapshot);
+    req.get().set_query_id(q.id);
+    req.get().set_secret(q.secret);
+    let mut list = req.get().init_files(files.len() as u32);
+    for (i, (file, groups)) in files.iter().enumerate() {
+        let mut f = list.reborrow().get(i as u32);
+        f.set_file_id(*file);
+        let mut g = f.init_row_groups(groups.len() as u32);
+        for (j, group) in groups.iter().enumerate() {
+            g.set(j as u32, *group);
+        }
+    }
+    let resp = req.send().promise.await.map_err(|e| e.to_string())?;
+    Ok(
+        match resp.get().unwrap().get_result().unwrap().which().unwrap() {
+            file_bitmaps_result::Which::Ok(l) => format!("ok:{}", l.unwrap().len()),
+            file_bitmaps_result::Which::Error(e) => kind(e.unwrap()),
+        },
+    )
+}
+
 async fn end(c: &coordinator::Client, id: u64) -> Result<String, String> {
     let mut req = c.end_query_request();
     req.get().set_query_id(id);
@@ -268,6 +296,10 @@ fn scan_calls_serve_only_running_queries_at_the_snapshot_they_were_given() {
         a.push(write_buffer(&s, q.id, q.secret, q.snapshot + 1, 0, &[]).await);
         a.push(write_buffer(&s, q.id, q.secret, q.snapshot - 1, 0, &[]).await);
         a.push(bitmaps(&s, Q { secret: 7, ..q }, q.snapshot, &[0]).await);
+        a.push(file_bitmaps(&s, Q { secret: 7, ..q }, q.snapshot, &[(1, &[0])]).await);
+        // No file at all: nothing to answer, but the query is checked all the same.
+        a.push(file_bitmaps(&s, q, q.snapshot, &[]).await);
+        a.push(file_bitmaps(&s, Q { secret: 7, ..q }, q.snapshot, &[]).await);
         assert_eq!(end(&c, q.id).await.unwrap(), "ok");
         // The shard hears of the end by message: moments later.
         let start = Instant::now();
@@ -290,6 +322,9 @@ fn scan_calls_serve_only_running_queries_at_the_snapshot_they_were_given() {
     assert!(answers[4].starts_with("invalidArgument:"), "{answers:?}");
     assert!(answers[5].starts_with("leaseExpired:"), "{answers:?}");
     assert!(answers[6].starts_with("leaseExpired:"), "{answers:?}");
+    assert_eq!(answers[7], "ok:0");
+    assert!(answers[8].starts_with("leaseExpired:"), "{answers:?}");
+    assert!(answers[9].starts_with("leaseExpired:"), "{answers:?}");
     node.shutdown();
 }
 
@@ -312,8 +347,10 @@ fn every_argument_is_checked_with_a_typed_error() {
             // Column 2 of a two-column table, and a column named twice.
             write_buffer(&s, q.id, q.secret, q.snapshot, 0, &[2]).await,
             write_buffer(&s, q.id, q.secret, q.snapshot, 0, &[1, 1]).await,
-            // Over the bounds on lists.
+            file_bitmaps(&s, q, 0, &[(1, &[0])]).await,
+            // Over the bounds on lists (for fileBitmaps, all files' row groups together).
             bitmaps(&s, q, q.snapshot, &vec![0; 65_537]).await,
+            file_bitmaps(&s, q, q.snapshot, &[(1, &[0; 40_000]), (2, &[0; 25_537])]).await,
             write_buffer(&s, q.id, q.secret, q.snapshot, 65_537, &[]).await,
             plan(&c, q.id, &"x".repeat(2000)).await,
             // A projection the bounds allow.
@@ -321,10 +358,10 @@ fn every_argument_is_checked_with_a_typed_error() {
         ]
     });
     let answers: Vec<String> = answers.into_iter().map(Result::unwrap).collect();
-    for (i, a) in answers[..9].iter().enumerate() {
+    for (i, a) in answers[..11].iter().enumerate() {
         assert!(a.starts_with("invalidArgument:"), "call {i}: {answers:?}");
     }
-    assert!(answers[9].starts_with("ok:"), "{answers:?}");
+    assert!(answers[11].starts_with("ok:"), "{answers:?}");
     node.shutdown();
 }
 

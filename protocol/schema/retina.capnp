@@ -158,6 +158,25 @@ struct BitmapsResult {
   }
 }
 
+# One file's row groups in a fileBitmaps call.
+struct FileRowGroups {
+  fileId @0 :UInt64;
+  rowGroups @1 :List(UInt32);
+}
+
+# One file's answer in a fileBitmaps call: what bitmaps answers for it.
+struct FileBitmaps {
+  fileId @0 :UInt64;
+  bitmaps @1 :List(RowGroupBitmap);
+}
+
+struct FileBitmapsResult {
+  union {
+    ok @0 :List(FileBitmaps);    # the files in the order asked
+    error @1 :Error;             # the first file's error (e.g. unknownFile), or the call's
+  }
+}
+
 struct BufferResult {
   union {
     ok @0 :List(BufferPart);
@@ -208,6 +227,9 @@ interface Coordinator {
 interface ScanService {
   # Bitmaps of a regular file's row groups at a snapshot.
   bitmaps @0 (fileId :UInt64, snapshot :UInt64, rowGroups :List(UInt32), queryId :UInt64, secret :UInt64) -> (result :BitmapsResult);
+  # Bitmaps of several regular files' row groups at a snapshot, in one call: for each file what
+  # bitmaps answers. The row-group bound counts the row groups of all files together.
+  fileBitmaps @2 (files :List(FileRowGroups), snapshot :UInt64, queryId :UInt64, secret :UInt64) -> (result :FileBitmapsResult);
   # The shard's write buffer of a table at a snapshot. `knownFiles` are the regular files the
   # plan listed; a file this shard combined after the plan was made is returned as a part by
   # path, so that no row is missed or read twice.

@@ -8,6 +8,10 @@ use retina_storage::{ColumnDef, ColumnType, StorageError, TableSchema};
 use crate::retina_capnp::{self as rc, ColumnType as ct};
 
 /// Writes `schema` (with its catalog id) into a `Table` builder.
+/// Row groups one `bitmaps` or `fileBitmaps` call may name, all files together (the contract's
+/// bound; duplicates count).
+pub const MAX_ROW_GROUPS_PER_CALL: u32 = 65_536;
+
 pub fn write_table(mut b: rc::table::Builder<'_>, id: u32, schema: &TableSchema) {
     b.set_id(id);
     b.set_name(schema.name());

@@ -1,5 +1,7 @@
 //! [`RetinaTable`]: one table at one query's snapshot, read with VFoR.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, BooleanArray};
@@ -36,7 +38,10 @@ use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-use retina_client::{BufferPart, PartData, PlanFile, RowGroupBitmap, TableInfo, file_bitmap};
+use retina_client::{
+    BufferPart, ClientError, PartData, PlanFile, RowGroupBitmap, TableInfo, file_bitmap,
+};
+use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
@@ -136,15 +141,21 @@ impl TableProvider for RetinaTable {
         // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
         let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
         let query = self.query.info();
-        let bitmaps = try_join_all(plan.files.iter().map(|f| async move {
-            let groups: Vec<u32> = (0..f.row_groups.len() as u32)
-                .filter(|&g| f.row_groups[g as usize].min_create_ts <= snapshot.get())
-                .collect();
-            if !check || groups.is_empty() {
-                return Ok(Vec::new());
+        let plan_files = &plan.files;
+        let bitmaps = async {
+            let calls = bitmap_calls(plan_files, snapshot, check);
+            let answers = try_join_all(calls.into_iter().map(|(owner, files)| async move {
+                let asked = files.iter().map(|(i, g)| (plan_files[*i].file, g.clone()));
+                let answers = conn.file_bitmaps(owner, query, asked.collect()).await?;
+                Ok::<_, ClientError>(files.into_iter().map(|(i, _)| i).zip(answers))
+            }))
+            .await?;
+            let mut bitmaps = vec![Vec::new(); plan_files.len()];
+            for (i, bits) in answers.into_iter().flatten() {
+                bitmaps[i] = bits;
             }
-            conn.bitmaps(f.owner, query, f.file, groups).await
-        }));
+            Ok::<_, ClientError>(bitmaps)
+        };
         // Memory parts come projected to the columns the query reads (and `_create_ts`); an
         // empty list asks for every column.
         let buffer_columns: Vec<u16> = projection.iter().map(|&c| c as u16).collect();
@@ -349,6 +360,40 @@ impl TableProvider for RetinaTable {
             _ => UnionExec::try_new(inputs),
         }
     }
+}
+
+/// One `fileBitmaps` call: the owner shard, and its files (their index in the plan) with
+/// the row groups asked of each.
+type BitmapCall = (SocketAddr, Vec<(usize, Vec<u32>)>);
+
+/// The bitmap calls a scan makes: for each owner shard, its files (their index in the plan)
+/// with the row groups created by the snapshot, in calls of at most
+/// [`MAX_ROW_GROUPS_PER_CALL`] row groups. None without the visibility check.
+fn bitmap_calls(files: &[PlanFile], snapshot: Timestamp, check: bool) -> Vec<BitmapCall> {
+    let mut calls: Vec<BitmapCall> = Vec::new();
+    let mut open: HashMap<SocketAddr, (usize, u64)> = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        let groups: Vec<u32> = (0..f.row_groups.len() as u32)
+            .filter(|&g| f.row_groups[g as usize].min_create_ts <= snapshot.get())
+            .collect();
+        if !check || groups.is_empty() {
+            continue;
+        }
+        let n = groups.len() as u64;
+        let call = match open.get_mut(&f.owner) {
+            Some((call, count)) if *count + n <= u64::from(MAX_ROW_GROUPS_PER_CALL) => {
+                *count += n;
+                *call
+            }
+            _ => {
+                calls.push((f.owner, Vec::new()));
+                open.insert(f.owner, (calls.len() - 1, n));
+                calls.len() - 1
+            }
+        };
+        calls[call].1.push((i, groups));
+    }
+    calls
 }
 
 /// The row groups to read, in file order, with their access from the bitmaps.

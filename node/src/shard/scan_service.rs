@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use retina_protocol::retina_capnp::{bootstrap, scan_service};
-use retina_storage::{StorageError, Timestamp};
+use retina_storage::{RowGroupBitmap, StorageError, Timestamp};
 
 use super::msg::ShardMsg;
 use crate::catalog::Catalog;
@@ -135,6 +135,60 @@ fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
     out
 }
 
+impl ScanService {
+    /// The bitmaps of `row_groups` (duplicates answered once) of regular file `file` at `ts`,
+    /// from the shard.
+    async fn bitmaps_of(
+        &self,
+        file: u64,
+        ts: Timestamp,
+        row_groups: impl Iterator<Item = u32>,
+    ) -> Result<Result<Vec<RowGroupBitmap>, StorageError>, capnp::Error> {
+        let mut row_groups: Vec<u32> = row_groups.collect();
+        row_groups.sort_unstable();
+        row_groups.dedup();
+        let (tx, rx) = flume::bounded(1);
+        self.shard
+            .send_async(ShardMsg::Bitmaps {
+                file: retina_storage::FileId(file),
+                ts,
+                row_groups,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        rx.recv_async().await.map_err(|_| stopped())
+    }
+}
+
+/// Row groups' bitmaps into the contract's list.
+fn write_bitmaps(
+    mut list: capnp::struct_list::Builder<
+        '_,
+        retina_protocol::retina_capnp::row_group_bitmap::Owned,
+    >,
+    groups: &[RowGroupBitmap],
+) {
+    for (i, g) in groups.iter().enumerate() {
+        let mut b = list.reborrow().get(i as u32);
+        b.set_row_group(g.row_group);
+        b.set_rows(g.rows);
+        b.set_deleted(&bitmap_bytes(&g.deleted));
+    }
+}
+
+/// Why a file's bitmaps could not be answered, as the contract's error.
+fn write_bitmap_error(
+    mut error: retina_protocol::retina_capnp::error::Builder<'_>,
+    e: &StorageError,
+) {
+    match e {
+        StorageError::UnknownFile(id) => error.set_unknown_file(*id),
+        e @ StorageError::OffsetOutOfRange { .. } => error.set_invalid_argument(e.to_string()),
+        e => retina_protocol::query::write_error(error, e),
+    }
+}
+
 impl scan_service::Server for ScanService {
     async fn bitmaps(
         self: Rc<Self>,
@@ -161,35 +215,62 @@ impl scan_service::Server for ScanService {
                 return Ok(());
             }
         };
-        let mut row_groups: Vec<u32> = list.iter().collect();
-        row_groups.sort_unstable();
-        row_groups.dedup();
-        let (tx, rx) = flume::bounded(1);
-        self.shard
-            .send_async(ShardMsg::Bitmaps {
-                file: retina_storage::FileId(p.get_file_id()),
-                ts,
-                row_groups,
-                reply: tx,
-            })
-            .await
-            .map_err(|_| stopped())?;
         let result = results.get().init_result();
-        match rx.recv_async().await.map_err(|_| stopped())? {
-            Ok(groups) => {
-                let mut list = result.init_ok(groups.len() as u32);
-                for (i, g) in groups.iter().enumerate() {
-                    let mut b = list.reborrow().get(i as u32);
-                    b.set_row_group(g.row_group);
-                    b.set_rows(g.rows);
-                    b.set_deleted(&bitmap_bytes(&g.deleted));
+        match self.bitmaps_of(p.get_file_id(), ts, list.iter()).await? {
+            Ok(groups) => write_bitmaps(result.init_ok(groups.len() as u32), &groups),
+            Err(e) => write_bitmap_error(result.init_error(), &e),
+        }
+        Ok(())
+    }
+
+    async fn file_bitmaps(
+        self: Rc<Self>,
+        params: scan_service::FileBitmapsParams,
+        mut results: scan_service::FileBitmapsResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let files = p.get_files()?;
+        let mut row_groups = 0u64;
+        for f in files.iter() {
+            row_groups += u64::from(f.get_row_groups()?.len());
+        }
+        let admitted = self
+            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .and_then(|ts| {
+                if row_groups > u64::from(MAX_ROW_GROUPS_PER_CALL) {
+                    return Err(Refused::Invalid(format!(
+                        "{row_groups} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call"
+                    )));
+                }
+                Ok(ts)
+            });
+        let ts = match admitted {
+            Ok(ts) => ts,
+            Err(r) => {
+                r.write(results.get().init_result().init_error());
+                return Ok(());
+            }
+        };
+        // Every file's answer first: the first error answers the whole call.
+        let mut answers = Vec::with_capacity(files.len() as usize);
+        for f in files.iter() {
+            let file = f.get_file_id();
+            match self
+                .bitmaps_of(file, ts, f.get_row_groups()?.iter())
+                .await?
+            {
+                Ok(groups) => answers.push((file, groups)),
+                Err(e) => {
+                    write_bitmap_error(results.get().init_result().init_error(), &e);
+                    return Ok(());
                 }
             }
-            Err(StorageError::UnknownFile(id)) => result.init_error().set_unknown_file(id),
-            Err(e @ StorageError::OffsetOutOfRange { .. }) => {
-                result.init_error().set_invalid_argument(e.to_string())
-            }
-            Err(e) => retina_protocol::query::write_error(result.init_error(), &e),
+        }
+        let mut list = results.get().init_result().init_ok(answers.len() as u32);
+        for (i, (file, groups)) in answers.iter().enumerate() {
+            let mut entry = list.reborrow().get(i as u32);
+            entry.set_file_id(*file);
+            write_bitmaps(entry.init_bitmaps(groups.len() as u32), groups);
         }
         Ok(())
     }
