@@ -11,6 +11,7 @@ mod flight;
 mod freshness;
 mod gc;
 mod generate;
+mod overhead;
 mod pgsource;
 mod recovery;
 mod replay;
@@ -134,6 +135,19 @@ enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         deleted_per_mille: u32,
         /// Runs of each query in each mode.
+        #[arg(long, default_value_t = 7)]
+        runs: usize,
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
+    },
+    /// What Retina adds to a query: CH Q1, Q6 and Q3 through the connector beside DataFusion
+    /// over the same rows exported at the snapshot as plain Parquet files, after the load and
+    /// after a change stream of a tenth of its rows; medians and their ratio.
+    Overhead {
+        /// The CH-benCHmark dataset: `tpcc` (1 warehouse), `tpcc:N`, `small` or `tiny`.
+        #[arg(long, default_value = "tpcc")]
+        scale: String,
+        /// Runs of each query on each side.
         #[arg(long, default_value_t = 7)]
         runs: usize,
         #[arg(long, default_value_t = 2)]
@@ -324,6 +338,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             runs,
             shards,
         } => vfor::run(rows, deleted_per_mille, runs, shards),
+        BenchCommand::Overhead {
+            scale,
+            runs,
+            shards,
+        } => overhead::run(&scale, runs, shards),
         BenchCommand::Flight { rows, runs, shards } => flight::run(rows, runs, shards),
         BenchCommand::Freshness {
             rates,
