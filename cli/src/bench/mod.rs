@@ -148,7 +148,7 @@ enum BenchCommand {
         #[arg(long, default_value = "tpcc")]
         scale: String,
         /// Runs of each query on each side.
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 11)]
         runs: usize,
         #[arg(long, default_value_t = 2)]
         shards: u16,

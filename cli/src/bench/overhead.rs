@@ -26,6 +26,8 @@ use crate::measure::{local_node, median};
 const SEED: u64 = 42;
 /// Rows per transaction of the initial load.
 const LOAD_ROWS_PER_TXN: usize = 1000;
+/// How long the node is left alone after each phase's rows are visible, before the export.
+const SETTLE: Duration = Duration::from_secs(2);
 
 pub(super) fn run(scale_name: &str, runs: usize, shards: u16) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be positive");
@@ -85,6 +87,8 @@ pub(super) fn run(scale_name: &str, runs: usize, shards: u16) -> anyhow::Result<
                 h.status().error()
             );
         }
+        // The flushes and combinations the load or stream started settle first.
+        std::thread::sleep(SETTLE);
         let plain = dir.path().join(format!("plain-{phase}"));
         runtime.block_on(async {
             let retina = retina_query::Retina::connect(addr, "")?;
