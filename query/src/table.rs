@@ -799,6 +799,56 @@ mod tests {
     }
 
     #[test]
+    fn bitmaps_are_asked_once_per_owner_within_the_bound() {
+        use retina_storage::file::RowGroupInfo;
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        );
+        let file = |id: u64, owner, created: &[u64]| PlanFile {
+            file: id,
+            path: format!("{id}.parquet"),
+            bytes: 1,
+            owner,
+            row_groups: created
+                .iter()
+                .map(|&ts| RowGroupInfo {
+                    offset: 0,
+                    rows: 1,
+                    min_create_ts: ts,
+                    max_create_ts: ts,
+                })
+                .collect(),
+        };
+        let snapshot = Timestamp::new(10).unwrap();
+        // Row groups created after the snapshot are not asked; a file with none left is not.
+        let files = vec![
+            file(1, a, &[5, 20, 7]),
+            file(2, b, &[3]),
+            file(3, a, &[30]),
+            file(4, a, &[10]),
+        ];
+        let calls = bitmap_calls(&files, snapshot, true);
+        assert_eq!(
+            calls,
+            vec![
+                (a, vec![(0, vec![0, 2]), (3, vec![0])]),
+                (b, vec![(1, vec![0])])
+            ]
+        );
+        assert!(bitmap_calls(&files, snapshot, false).is_empty());
+        // Past the bound, an owner's files go into another call.
+        let big = vec![1u64; 40_000];
+        let files = vec![file(1, a, &big), file(2, a, &big), file(3, a, &[1])];
+        let calls = bitmap_calls(&files, snapshot, true);
+        let shape: Vec<Vec<usize>> = calls
+            .iter()
+            .map(|(_, f)| f.iter().map(|(i, _)| *i).collect())
+            .collect();
+        assert_eq!(shape, vec![vec![0], vec![1, 2]]);
+    }
+
+    #[test]
     fn a_selection_skips_exactly_the_deleted_rows() {
         let mut deleted = vec![0u64; 3];
         for i in [0u64, 1, 63, 64, 130] {
