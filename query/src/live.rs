@@ -124,15 +124,18 @@ impl ExecutionPlan for LiveRowsExec {
     ) -> Result<SendableRecordBatchStream> {
         let bitmaps = self.bitmaps.clone();
         let at = self.at;
+        let kept: Vec<usize> = (0..at).collect();
         let input = self.input.execute(partition, context)?;
         let schema = self.cache.eq_properties.schema().clone();
-        let live = input.map(move |batch| live_batch(&batch?, &bitmaps, at));
+        let live = input.map(move |batch| live_batch(&batch?, &bitmaps, &kept));
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, live)))
     }
 }
 
-/// `batch`'s live rows, without its two tag columns at `at`.
-fn live_batch(batch: &RecordBatch, bitmaps: &[Vec<u64>], at: usize) -> Result<RecordBatch> {
+/// `batch`'s live rows, without its two tag columns: the columns `kept` (every column before
+/// the tags, which are at `kept.len()`).
+fn live_batch(batch: &RecordBatch, bitmaps: &[Vec<u64>], kept: &[usize]) -> Result<RecordBatch> {
+    let at = kept.len();
     let tag = |i: usize| {
         DataFusionError::Internal(format!(
             "column {i} of a tagged scan is {}",
@@ -148,7 +151,7 @@ fn live_batch(batch: &RecordBatch, bitmaps: &[Vec<u64>], at: usize) -> Result<Re
         .as_primitive_opt::<Int64Type>()
         .ok_or_else(|| tag(at + 1))?;
     let live = live_rows(bitmaps, files.values(), rows.values());
-    let data = batch.project(&(0..at).collect::<Vec<_>>())?;
+    let data = batch.project(kept)?;
     if live.count_set_bits() == live.len() {
         return Ok(data);
     }
@@ -243,7 +246,7 @@ mod tests {
             .unwrap()
         };
         let bitmaps = vec![vec![u64::MAX], vec![1 << 3 | 1 << 5]];
-        let out = live_batch(&batch((2..8).collect()), &bitmaps, 1).unwrap();
+        let out = live_batch(&batch((2..8).collect()), &bitmaps, &[0]).unwrap();
         assert_eq!(out.num_columns(), 1);
         let v: Vec<i32> = out
             .column(0)
@@ -252,7 +255,7 @@ mod tests {
             .to_vec();
         assert_eq!(v, vec![2, 4, 6, 7]);
         // No deleted row: the batch as it is.
-        let out = live_batch(&batch(vec![6, 7, 8]), &bitmaps, 1).unwrap();
+        let out = live_batch(&batch(vec![6, 7, 8]), &bitmaps, &[0]).unwrap();
         assert_eq!(out.num_rows(), 3);
     }
 }

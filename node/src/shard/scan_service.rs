@@ -136,6 +136,24 @@ fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
 }
 
 impl ScanService {
+    /// [`Self::admit`] for a bitmaps call naming `row_groups` row groups in all, within the
+    /// bound.
+    fn admit_bitmaps(
+        &self,
+        query: u64,
+        secret: u64,
+        snapshot: u64,
+        row_groups: u64,
+    ) -> Result<Timestamp, Refused> {
+        let ts = self.admit(query, secret, snapshot)?;
+        if row_groups > u64::from(MAX_ROW_GROUPS_PER_CALL) {
+            return Err(Refused::Invalid(format!(
+                "{row_groups} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call"
+            )));
+        }
+        Ok(ts)
+    }
+
     /// The bitmaps of `row_groups` (duplicates answered once) of regular file `file` at `ts`,
     /// from the shard.
     async fn bitmaps_of(
@@ -197,17 +215,12 @@ impl scan_service::Server for ScanService {
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let list = p.get_row_groups()?;
-        let admitted = self
-            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
-            .and_then(|ts| {
-                if list.len() > MAX_ROW_GROUPS_PER_CALL {
-                    return Err(Refused::Invalid(format!(
-                        "{} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call",
-                        list.len()
-                    )));
-                }
-                Ok(ts)
-            });
+        let admitted = self.admit_bitmaps(
+            p.get_query_id(),
+            p.get_secret(),
+            p.get_snapshot(),
+            u64::from(list.len()),
+        );
         let ts = match admitted {
             Ok(ts) => ts,
             Err(r) => {
@@ -234,16 +247,12 @@ impl scan_service::Server for ScanService {
         for f in files.iter() {
             row_groups += u64::from(f.get_row_groups()?.len());
         }
-        let admitted = self
-            .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
-            .and_then(|ts| {
-                if row_groups > u64::from(MAX_ROW_GROUPS_PER_CALL) {
-                    return Err(Refused::Invalid(format!(
-                        "{row_groups} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call"
-                    )));
-                }
-                Ok(ts)
-            });
+        let admitted = self.admit_bitmaps(
+            p.get_query_id(),
+            p.get_secret(),
+            p.get_snapshot(),
+            row_groups,
+        );
         let ts = match admitted {
             Ok(ts) => ts,
             Err(r) => {
