@@ -47,7 +47,12 @@ pub async fn bootstrap(addr: SocketAddr) -> Result<bootstrap::Client, ClientErro
     let (r, w) = stream.split();
     let mut options = capnp::message::ReaderOptions::new();
     options.traversal_limit_in_words(Some(MAX_REPLY_WORDS));
-    let network = twoparty::VatNetwork::new(r, w, Side::Client, options);
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::with_capacity(retina_protocol::query::RPC_BUFFER_BYTES, r),
+        futures::io::BufWriter::with_capacity(retina_protocol::query::RPC_BUFFER_BYTES, w),
+        Side::Client,
+        options,
+    );
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let boot: bootstrap::Client = rpc.bootstrap(Side::Server);
     glommio::spawn_local(async move {

@@ -397,8 +397,9 @@ async fn clean_remote_lake(
     Ok(removed)
 }
 
-/// The file id a table object is named after (`<id>.parquet`, or `<id>-<block>.parquet` for
-/// a write-buffer block; see [`retina_storage::buffer::file_path`]).
+/// The file id a table object is named after (`<id>.parquet`, `<id>-<block>.parquet` for a
+/// write-buffer block, `<id>-<block>-<blocks>.parquet` for a segment; see
+/// [`retina_storage::buffer::file_path`]).
 fn object_file_id(name: &str) -> Option<retina_storage::FileId> {
     let hex = name.get(..16)?;
     u64::from_str_radix(hex, 16)

@@ -233,8 +233,8 @@ pub async fn accept_loop(
         options.traversal_limit_in_words(Some(TRAVERSAL_LIMIT_WORDS));
         options.nesting_limit(NESTING_LIMIT);
         let network = twoparty::VatNetwork::new(
-            reader,
-            writer,
+            futures::io::BufReader::with_capacity(retina_protocol::query::RPC_BUFFER_BYTES, reader),
+            futures::io::BufWriter::with_capacity(retina_protocol::query::RPC_BUFFER_BYTES, writer),
             capnp_rpc::rpc_twoparty_capnp::Side::Server,
             options,
         );

@@ -7,11 +7,16 @@ use retina_storage::{ColumnDef, ColumnType, StorageError, TableSchema};
 
 use crate::retina_capnp::{self as rc, ColumnType as ct};
 
-/// Writes `schema` (with its catalog id) into a `Table` builder.
 /// Row groups one `bitmaps` or `fileBitmaps` call may name, all files together (the contract's
 /// bound; duplicates count).
 pub const MAX_ROW_GROUPS_PER_CALL: u32 = 65_536;
 
+/// The read and write buffers of each side of an RPC connection: a message is read in a few
+/// receives and written in one send (unbuffered, each segment and its table is a receive or a
+/// send of its own, and a round trip several wake-ups of each side's executor).
+pub const RPC_BUFFER_BYTES: usize = 64 << 10;
+
+/// Writes `schema` (with its catalog id) into a `Table` builder.
 pub fn write_table(mut b: rc::table::Builder<'_>, id: u32, schema: &TableSchema) {
     b.set_id(id);
     b.set_name(schema.name());

@@ -179,12 +179,15 @@ impl Retina {
         &self,
         visibility: Visibility,
     ) -> Result<QuerySession, DataFusionError> {
-        let tables = self.conn.tables().await.map_err(external)?;
-        let info = self.conn.begin().await.map_err(external)?;
+        // Both round trips at once. The query is held before the tables are looked at: where
+        // listing them failed, dropping it ends the query.
+        let (tables, info) = futures::join!(self.conn.tables(), self.conn.begin());
+        let info = info.map_err(external)?;
         let query = Arc::new(RunningQuery {
             conn: self.conn.clone(),
             info,
         });
+        let tables = tables.map_err(external)?;
         let ctx = SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone());
         for t in tables {
             let name = t.schema.name().to_owned();

@@ -5,6 +5,12 @@
 //! block of a full virtual file is flushed, the blocks are combined into one regular Parquet
 //! file under the same file id. A row's location `(file id, offset)` is fixed when it is
 //! appended, so neither a flush nor a combination touches the index.
+//!
+//! Until then, readers would open one small object per flushed block. So each run of flushed
+//! blocks as long as a row group is combined into a *segment*: one object that readers open
+//! instead of the run's blocks. Segments only serve reads: the blocks stay until the file is
+//! combined (a checkpoint and recovery never need a segment), and the file's combination then
+//! reads the segments instead of their blocks.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -40,6 +46,14 @@ pub fn block_path(table: &str, block: BlockId) -> Path {
     Path::from(format!(
         "tables/{table}/buffer/{}-{:05}.parquet",
         block.file, block.index
+    ))
+}
+
+/// The object-store path of the segment of `blocks` blocks from `first` on.
+pub fn segment_path(table: &str, first: BlockId, blocks: u32) -> Path {
+    Path::from(format!(
+        "tables/{table}/buffer/{}-{:05}-{blocks}.parquet",
+        first.file, first.index
     ))
 }
 
@@ -269,6 +283,17 @@ pub struct VirtualFile {
     sealed: Vec<BlockState>,
     active: Option<ActiveBlock>,
     combining: bool,
+    /// Segments made or being made, in block order from block 0 on, each
+    /// `segment_blocks` long.
+    segments: Vec<Segment>,
+}
+
+/// A run of a virtual file's flushed blocks combined into one object.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Segment {
+    first: u32,
+    /// Whether the object is written (readers use it), or being written.
+    written: bool,
 }
 
 impl VirtualFile {
@@ -296,12 +321,25 @@ pub struct FlushJob {
     pub path: Path,
 }
 
-/// A full virtual file whose flushed blocks the caller should combine into `target`.
+/// Flushed rows of a virtual file the caller should combine into one object at `target`:
+/// `sources`, in row order, hold `rows` rows.
+#[derive(Clone, Debug)]
 pub struct CombineJob {
     pub file: FileId,
     pub rows: u64,
-    pub blocks: Vec<Path>,
+    pub sources: Vec<Path>,
     pub target: Path,
+    pub kind: CombineKind,
+}
+
+/// What a [`CombineJob`] makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CombineKind {
+    /// The full virtual file's regular file; then every object of the virtual file (`retire`)
+    /// goes once no query can read it.
+    File { retire: Vec<Path> },
+    /// A segment of `blocks` blocks from block `first` on, for readers.
+    Segment { first: u32, blocks: u32 },
 }
 
 /// A virtual file the buffer started: the caller maps its row ids and tracks its visibility.
@@ -317,6 +355,8 @@ pub struct WriteBuffer {
     schema: Arc<TableSchema>,
     block_rows: usize,
     file_rows: u64,
+    /// Blocks per segment: a row group's worth.
+    segment_blocks: u32,
     /// Oldest first; only the last one may be appending.
     files: VecDeque<VirtualFile>,
     next_row: u64,
@@ -328,6 +368,7 @@ impl WriteBuffer {
             schema,
             block_rows: config.block_rows as usize,
             file_rows: config.file_rows,
+            segment_blocks: segment_blocks(config),
             files: VecDeque::new(),
             next_row: 0,
         }
@@ -355,6 +396,7 @@ impl WriteBuffer {
             sealed: Vec::new(),
             active: None,
             combining: false,
+            segments: Vec::new(),
         });
         NewFile {
             file: id,
@@ -442,59 +484,142 @@ impl WriteBuffer {
             .and_then(|f| f.sealed.get_mut(block.index as usize))
     }
 
-    /// The oldest full virtual file whose blocks are all flushed, marked as combining.
+    /// The next combination to make, marked as in flight: the oldest full virtual file whose
+    /// blocks are all flushed (and whose segments are all written), else the oldest run of
+    /// `segment_blocks` flushed blocks past a file's segments (one segment in flight per file,
+    /// none in a full file, whose combination comes soon).
     pub fn take_combine_job(&mut self) -> Option<CombineJob> {
         let table = self.schema.name().to_owned();
-        let file = self.files.iter_mut().find(|f| {
+        let seg = self.segment_blocks;
+        let flushed = |s: &BlockState| matches!(s, BlockState::Flushed);
+        let block = |file: FileId, index: u32| block_path(&table, BlockId { file, index });
+        if let Some(file) = self.files.iter_mut().find(|f| {
             !f.combining
                 && f.rows == f.capacity
                 && f.active.is_none()
-                && f.sealed.iter().all(|s| matches!(s, BlockState::Flushed))
+                && f.sealed.iter().all(flushed)
+                && f.segments.iter().all(|s| s.written)
+        }) {
+            file.combining = true;
+            let blocks = file.sealed.len() as u32;
+            let id = file.id;
+            // Read the segments in place of their blocks.
+            let covered = file.segments.len() as u32 * seg;
+            let segment = |first: u32| {
+                segment_path(
+                    &table,
+                    BlockId {
+                        file: id,
+                        index: first,
+                    },
+                    seg,
+                )
+            };
+            let mut sources: Vec<Path> = file.segments.iter().map(|s| segment(s.first)).collect();
+            sources.extend((covered..blocks).map(|i| block(id, i)));
+            // (A segment written before a restart is known to no checkpoint: recovery deleted
+            // it with the other objects no shard reads.)
+            let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
+            retire.extend(sources.iter().take(file.segments.len()).cloned());
+            return Some(CombineJob {
+                file: id,
+                rows: file.rows,
+                sources,
+                target: file_path(&table, id),
+                kind: CombineKind::File { retire },
+            });
+        }
+        let file = self.files.iter_mut().find(|f| {
+            let next = f.segments.len() as u32 * seg;
+            !f.combining
+                && f.rows < f.capacity
+                && f.segments.iter().all(|s| s.written)
+                && f.sealed.len() as u32 >= next + seg
+                && f.sealed[next as usize..(next + seg) as usize]
+                    .iter()
+                    .all(flushed)
         })?;
-        file.combining = true;
+        let first = file.segments.len() as u32 * seg;
+        file.segments.push(Segment {
+            first,
+            written: false,
+        });
+        let id = file.id;
         Some(CombineJob {
-            file: file.id,
-            rows: file.rows,
-            blocks: (0..file.sealed.len() as u32)
-                .map(|index| {
-                    block_path(
-                        &table,
-                        BlockId {
-                            file: file.id,
-                            index,
-                        },
-                    )
-                })
-                .collect(),
-            target: file_path(&table, file.id),
+            file: id,
+            rows: u64::from(seg) * self.block_rows as u64,
+            sources: (first..first + seg).map(|i| block(id, i)).collect(),
+            target: segment_path(
+                &table,
+                BlockId {
+                    file: id,
+                    index: first,
+                },
+                seg,
+            ),
+            kind: CombineKind::Segment { first, blocks: seg },
         })
     }
 
-    /// The combined file is durable: the virtual file leaves the buffer.
-    pub fn combine_done(&mut self, file: FileId) -> VirtualFile {
-        let at = self
-            .files
-            .iter()
-            .position(|f| f.id == file)
-            .expect("a combined file was in the buffer");
-        self.files.remove(at).expect("position is in range")
+    /// The combination is durable. A combined file's virtual file leaves the buffer (and is
+    /// returned); readers use a segment from now on.
+    pub fn combine_done(&mut self, job: &CombineJob) -> Option<VirtualFile> {
+        let at = self.files.iter().position(|f| f.id == job.file);
+        match job.kind {
+            CombineKind::File { .. } => {
+                let at = at.expect("a combined file was in the buffer");
+                Some(self.files.remove(at).expect("position is in range"))
+            }
+            CombineKind::Segment { first, .. } => {
+                let f = &mut self.files[at.expect("a segment's file is in the buffer")];
+                let s = f
+                    .segments
+                    .iter_mut()
+                    .find(|s| s.first == first)
+                    .expect("a segment in flight is listed");
+                s.written = true;
+                None
+            }
+        }
     }
 
     /// The combination failed: it will be offered again.
-    pub fn combine_failed(&mut self, file: FileId) {
-        if let Some(f) = self.files.iter_mut().find(|f| f.id == file) {
-            f.combining = false;
+    pub fn combine_failed(&mut self, job: &CombineJob) {
+        let Some(f) = self.files.iter_mut().find(|f| f.id == job.file) else {
+            return;
+        };
+        match job.kind {
+            CombineKind::File { .. } => f.combining = false,
+            CombineKind::Segment { first, .. } => f.segments.retain(|s| s.first != first),
         }
     }
 
     /// Every block of every virtual file, for a reader: in-memory blocks (the active one
-    /// included, as it is now) and flushed ones by path.
+    /// included, as it is now) and flushed ones by path, a written segment in place of its
+    /// blocks (its id is its first block's).
     pub fn blocks(&self) -> Vec<BufferBlock> {
         let table = self.schema.name();
+        let seg = self.segment_blocks;
         let mut out = Vec::new();
         for file in &self.files {
             let mut offset = 0u64;
-            for (index, state) in file.sealed.iter().enumerate() {
+            let mut skip_to = 0u32;
+            for s in file.segments.iter().filter(|s| s.written) {
+                let id = BlockId {
+                    file: file.id,
+                    index: s.first,
+                };
+                let rows = u64::from(seg) * self.block_rows as u64;
+                out.push(BufferBlock {
+                    id,
+                    offset,
+                    rows,
+                    data: BlockData::Object(segment_path(table, id, seg)),
+                });
+                offset += rows;
+                skip_to = s.first + seg;
+            }
+            for (index, state) in file.sealed.iter().enumerate().skip(skip_to as usize) {
                 let id = BlockId {
                     file: file.id,
                     index: index as u32,
@@ -719,14 +844,161 @@ impl WriteBuffer {
                 sealed,
                 active,
                 combining: false,
+                segments: Vec::new(),
             });
         }
         Ok(WriteBuffer {
             schema,
             block_rows,
             file_rows: config.file_rows,
+            segment_blocks: segment_blocks(config),
             files,
             next_row: image.next_row,
         })
+    }
+}
+
+/// Blocks per segment: a row group's worth, and at least two.
+fn segment_blocks(config: &StorageConfig) -> u32 {
+    (config.row_group_rows / config.block_rows).max(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::ColumnDef;
+    use crate::value::Value;
+
+    /// Blocks of 64 rows, segments of two blocks, files of six blocks.
+    fn buffer() -> WriteBuffer {
+        let schema = TableSchema::new(
+            "t",
+            vec![ColumnDef::new("id", ColumnType::Int64, false)],
+            &["id"],
+        )
+        .unwrap();
+        let config = StorageConfig {
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 384,
+            zstd_level: 0,
+        };
+        WriteBuffer::new(schema, &config)
+    }
+
+    fn append(b: &mut WriteBuffer, rows: usize) {
+        for i in 0..rows {
+            if b.needs_file() {
+                b.start_file(FileId(b.files.len() as u64 + 1));
+            }
+            b.append(&vec![Value::Int(i as i64)], Timestamp::new(1).unwrap());
+        }
+    }
+
+    fn flush_all(b: &mut WriteBuffer) {
+        for job in b.take_flush_jobs() {
+            b.flush_done(job.block);
+        }
+    }
+
+    /// Each block a reader gets: its first block, offset, rows and whether it is an object.
+    fn layout(b: &WriteBuffer) -> Vec<(u32, u64, u64, Option<String>)> {
+        b.blocks()
+            .into_iter()
+            .map(|x| {
+                let path = match x.data {
+                    BlockData::Object(p) => Some(p.to_string()),
+                    BlockData::Memory(_) => None,
+                };
+                (x.id.index, x.offset, x.rows, path)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_of_flushed_blocks_become_segments_readers_use_in_their_place() {
+        let mut b = buffer();
+        append(&mut b, 64 * 3 + 10);
+        // Nothing flushed: no segment.
+        assert!(b.take_combine_job().is_none());
+        flush_all(&mut b);
+        let job = b.take_combine_job().expect("blocks 0 and 1 make a segment");
+        let f = FileId(1);
+        assert_eq!(
+            job.kind,
+            CombineKind::Segment {
+                first: 0,
+                blocks: 2
+            }
+        );
+        assert_eq!(job.rows, 128);
+        assert_eq!(
+            job.sources,
+            [0, 1].map(|index| block_path("t", BlockId { file: f, index }))
+        );
+        assert_eq!(
+            job.target,
+            segment_path("t", BlockId { file: f, index: 0 }, 2)
+        );
+        // One segment of a file in flight at a time.
+        assert!(b.take_combine_job().is_none());
+        // Until it is written, readers read the blocks.
+        assert_eq!(layout(&b).len(), 4);
+        b.combine_done(&job);
+        let seg = Some(segment_path("t", BlockId { file: f, index: 0 }, 2).to_string());
+        let block2 = Some(block_path("t", BlockId { file: f, index: 2 }).to_string());
+        assert_eq!(
+            layout(&b),
+            [
+                (0, 0, 128, seg.clone()),
+                (2, 128, 64, block2),
+                (3, 192, 10, None)
+            ]
+        );
+        // Block 2 alone is not a run: no job.
+        assert!(b.take_combine_job().is_none());
+    }
+
+    #[test]
+    fn a_failed_segment_is_offered_again_and_a_full_file_reads_its_segments() {
+        let mut b = buffer();
+        append(&mut b, 64 * 4);
+        flush_all(&mut b);
+        let job = b.take_combine_job().unwrap();
+        b.combine_failed(&job);
+        let again = b.take_combine_job().unwrap();
+        assert_eq!(again.kind, job.kind);
+        b.combine_done(&again);
+        let next = b.take_combine_job().unwrap();
+        assert_eq!(
+            next.kind,
+            CombineKind::Segment {
+                first: 2,
+                blocks: 2
+            }
+        );
+        // The file fills while the second segment is in flight: its combination waits.
+        append(&mut b, 128);
+        flush_all(&mut b);
+        assert!(b.take_combine_job().is_none());
+        b.combine_done(&next);
+        let f = FileId(1);
+        let file = b.take_combine_job().expect("the full file combines");
+        let seg = |index| segment_path("t", BlockId { file: f, index }, 2);
+        let block = |index| block_path("t", BlockId { file: f, index });
+        assert_eq!(file.rows, 384);
+        assert_eq!(file.target, file_path("t", f));
+        assert_eq!(file.sources, [seg(0), seg(2), block(4), block(5)]);
+        let CombineKind::File { retire } = &file.kind else {
+            panic!("{:?}", file.kind)
+        };
+        let mut expected: Vec<Path> = (0..6).map(block).collect();
+        expected.extend([seg(0), seg(2)]);
+        assert_eq!(retire, &expected);
+        // The next file starts with no segment; the combined one leaves.
+        append(&mut b, 1);
+        assert!(b.combine_done(&file).is_some());
+        assert_eq!(layout(&b), [(0, 0, 1, None)]);
     }
 }

@@ -22,7 +22,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::schema::types::ColumnPath;
 
-use crate::buffer::{CombineJob, FlushJob};
+use crate::buffer::{CombineJob, CombineKind, FlushJob};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
 use crate::index::FileId;
@@ -332,9 +332,11 @@ pub async fn flush_block(
     put_object(store, &job.path, bytes).await
 }
 
-/// Combines a full virtual file's flushed blocks into one regular Parquet file at the job's
-/// target, checking the rows before writing and the written file's footer after. The blocks
-/// are left in place: they go once no query can still read them.
+/// Combines flushed rows of a virtual file into one Parquet object at the job's target: a full
+/// virtual file's into its regular file (zstd, as files stay), a run of blocks into a segment
+/// (LZ4, as blocks: it only serves reads until the file is combined). Checks the rows before
+/// writing and the written footer after. The sources are left in place: they go once no query
+/// can still read them.
 pub async fn combine_blocks(
     store: &dyn ObjectStore,
     schema: &TableSchema,
@@ -342,7 +344,7 @@ pub async fn combine_blocks(
     job: &CombineJob,
 ) -> Result<CombinedFile> {
     let mut batches = Vec::new();
-    for path in &job.blocks {
+    for path in &job.sources {
         let bytes = store.get(path).await?.bytes().await?;
         for b in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
             batches.push(b?);
@@ -355,7 +357,11 @@ pub async fn combine_blocks(
             reason: format!("{rows} rows read back, {} expected", job.rows),
         });
     }
-    let bytes = encode(schema, &batches, writer_properties(config))?;
+    let props = match job.kind {
+        CombineKind::File { .. } => writer_properties(config),
+        CombineKind::Segment { .. } => block_writer_properties(config),
+    };
+    let bytes = encode(schema, &batches, props)?;
     let meta = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())?;
     let groups = row_groups(meta.metadata(), schema)?;
     let written: u64 = groups.iter().map(|g| g.rows).sum();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::Either;
 use retina_protocol::OpBatch;
-use retina_storage::buffer::CombineJob;
+use retina_storage::buffer::{CombineJob, CombineKind};
 use retina_storage::file::CombinedFile;
 use retina_storage::{BlockId, FileId, RewriteJob, Shard, StorageError, TableId, Timestamp};
 
@@ -378,7 +378,7 @@ impl ShardActor {
             if let Err(flume::TrySendError::Full(IoRequest::Combine { table, job, .. })) =
                 self.io.try_send(req)
             {
-                shard.combine_failed(table, job.file);
+                shard.combine_failed(table, &job);
             }
         }
         // Objects stay while any query may read them, a long one reading from its visibility
@@ -592,14 +592,22 @@ impl ShardActor {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(
-                    "shard {}: combining file {} failed, will retry: {e}",
+                    "shard {}: combining {} of file {} failed, will retry: {e}",
                     self.id,
+                    match job.kind {
+                        CombineKind::File { .. } => "the blocks",
+                        CombineKind::Segment { .. } => "a segment",
+                    },
                     job.file
                 );
-                self.shard.combine_failed(table, job.file);
+                self.shard.combine_failed(table, &job);
                 return;
             }
         };
+        if matches!(job.kind, CombineKind::Segment { .. }) {
+            // Only the shard's scan service hands segments out, with the write buffer.
+            return self.shard.combine_done(table, job, combined.groups);
+        }
         // The coordinator lists the file in later scan plans; until it has it, the scan
         // service hands the file out with the write buffer.
         let _ = self

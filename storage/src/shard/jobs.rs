@@ -1,14 +1,14 @@
-//! Background work on the write buffer: flushing immutable blocks to objects and combining a
-//! full virtual file's blocks into one regular file. The node runs each job on its I/O thread
-//! and reports back; [`Shard::flush_and_combine`] runs them inline.
+//! Background work on the write buffer: flushing immutable blocks to objects, combining runs
+//! of flushed blocks into segments for readers, and a full virtual file's blocks into one
+//! regular file. The node runs each job on its I/O thread and reports back;
+//! [`Shard::flush_and_combine`] runs them inline.
 
 use object_store::ObjectStore;
 
 use super::{Retired, Shard};
-use crate::buffer::{BlockId, CombineJob, FlushJob};
+use crate::buffer::{BlockId, CombineJob, CombineKind, FlushJob};
 use crate::error::Result;
 use crate::file::{self, RowGroupInfo};
-use crate::index::FileId;
 use crate::op::TableId;
 
 impl Shard {
@@ -35,7 +35,8 @@ impl Shard {
         self.tables[table as usize].buffer.flush_failed(block);
     }
 
-    /// Full virtual files whose blocks are all flushed, marked as combining.
+    /// Full virtual files whose blocks are all flushed, and runs of flushed blocks to make
+    /// segments of, marked as in flight.
     pub fn take_combine_jobs(&mut self) -> Vec<(TableId, CombineJob)> {
         let mut jobs = Vec::new();
         for (t, table) in self.tables.iter_mut().enumerate() {
@@ -46,12 +47,18 @@ impl Shard {
         jobs
     }
 
-    /// The combined file is durable: later snapshots read it instead of the blocks, which
+    /// The combination is durable. A segment: readers use it in place of its blocks. A
+    /// combined file: later snapshots read it instead of the virtual file's objects, which
     /// retire until no query can read them.
     pub fn combine_done(&mut self, table: TableId, job: CombineJob, groups: Vec<RowGroupInfo>) {
         let applied = self.applied_through;
         let t = &mut self.tables[table as usize];
-        let virtual_file = t.buffer.combine_done(job.file);
+        let Some(virtual_file) = t.buffer.combine_done(&job) else {
+            return;
+        };
+        let CombineKind::File { retire } = job.kind else {
+            unreachable!("only a combined file leaves the buffer");
+        };
         assert_eq!(
             groups.iter().map(|g| g.rows).sum::<u64>(),
             virtual_file.rows(),
@@ -64,13 +71,13 @@ impl Shard {
         t.retired.push(Retired {
             replaced_at: applied,
             after_checkpoint: self.last_checkpoint,
-            paths: job.blocks,
+            paths: retire,
             file: None,
         });
     }
 
-    pub fn combine_failed(&mut self, table: TableId, file: FileId) {
-        self.tables[table as usize].buffer.combine_failed(file);
+    pub fn combine_failed(&mut self, table: TableId, job: &CombineJob) {
+        self.tables[table as usize].buffer.combine_failed(job);
     }
 
     /// Flushes every immutable block and combines every full virtual file, inline. The node
@@ -89,14 +96,27 @@ impl Shard {
                 }
             }
         }
-        for (t, job) in self.take_combine_jobs() {
-            let schema = self.tables[t as usize].schema.clone();
-            match file::combine_blocks(store, &schema, &self.config, &job).await {
-                Ok(combined) => self.combine_done(t, job, combined.groups),
-                Err(e) => {
-                    self.combine_failed(t, job.file);
-                    first_error.get_or_insert(e);
+        // Segments first, then files (a file waits for its segment in flight); a job that
+        // fails is not offered again in this call.
+        loop {
+            let jobs = self.take_combine_jobs();
+            if jobs.is_empty() {
+                break;
+            }
+            let mut failed = false;
+            for (t, job) in jobs {
+                let schema = self.tables[t as usize].schema.clone();
+                match file::combine_blocks(store, &schema, &self.config, &job).await {
+                    Ok(combined) => self.combine_done(t, job, combined.groups),
+                    Err(e) => {
+                        self.combine_failed(t, &job);
+                        first_error.get_or_insert(e);
+                        failed = true;
+                    }
                 }
+            }
+            if failed {
+                break;
             }
         }
         first_error.map_or(Ok(()), Err)
