@@ -1,8 +1,9 @@
-//! Dropping deleted rows from a tagged scan: [`LiveRowsExec`] reads each batch's file index
-//! and row numbers (the scan's last two columns), takes the rows' bits from their file's
-//! bitmap, and passes on the live rows without the two columns. One copy of the rows a batch
-//! keeps, none of a batch without deleted rows; batches are not merged again (a `FilterExec`
-//! would copy every row a second time to refill them).
+//! Dropping the rows a snapshot does not see from a scan: [`LiveRowsExec`] reads, after the
+//! columns the query asked for, each row's `_create_ts` (rows created after the snapshot go)
+//! and/or its file index and row number (tags: rows whose bit is set in their file's bitmap
+//! go), and passes on the rows left without those columns. One copy of the rows a batch keeps,
+//! none of a batch that keeps every row; batches are not merged again (a `FilterExec` would
+//! copy every row a second time to refill them).
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,37 +13,52 @@ use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{Int64Type, SchemaRef, UInt32Type};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
-/// The live rows of a tagged scan: its column `at` is each row's file (an index into
-/// `bitmaps`), column `at + 1` the row's number in that file; the output is the columns before
-/// `at`, rows whose bit is set dropped.
+/// What decides whether a row of a scan is live, in the columns after the `at` it keeps.
+#[derive(Clone, Debug)]
+pub(crate) struct Liveness {
+    /// The columns kept, before the others.
+    pub at: usize,
+    /// The snapshot: column `at` is `_create_ts`, and rows created after it go.
+    pub created_by: Option<i64>,
+    /// The next two columns are each row's file (an index into these bitmaps) and its number
+    /// in that file; rows whose bit is set go.
+    pub bitmaps: Option<Arc<Vec<Vec<u64>>>>,
+}
+
+impl Liveness {
+    /// The columns the input has.
+    fn columns(&self) -> usize {
+        self.at + usize::from(self.created_by.is_some()) + 2 * usize::from(self.bitmaps.is_some())
+    }
+}
+
+/// The live rows of a scan: the columns before `at`, rows that [`Liveness`] drops dropped.
 #[derive(Debug)]
 pub(crate) struct LiveRowsExec {
     input: Arc<dyn ExecutionPlan>,
-    bitmaps: Arc<Vec<Vec<u64>>>,
-    at: usize,
+    live: Liveness,
     cache: Arc<PlanProperties>,
 }
 
 impl LiveRowsExec {
-    pub(crate) fn try_new(
-        input: Arc<dyn ExecutionPlan>,
-        bitmaps: Arc<Vec<Vec<u64>>>,
-        at: usize,
-    ) -> Result<LiveRowsExec> {
+    pub(crate) fn try_new(input: Arc<dyn ExecutionPlan>, live: Liveness) -> Result<LiveRowsExec> {
         let columns = input.schema().fields().len();
-        if columns != at + 2 {
+        let at = live.at;
+        if columns != live.columns() {
             return Err(DataFusionError::Internal(format!(
-                "a tagged scan of {at} columns has {columns} columns, not {}",
-                at + 2
+                "a scan of {at} columns with {live:?} has {columns} columns, not {}",
+                live.columns()
             )));
         }
         let kept: Vec<usize> = (0..at).collect();
@@ -56,18 +72,20 @@ impl LiveRowsExec {
             props.emission_type,
             props.boundedness,
         ));
-        Ok(LiveRowsExec {
-            input,
-            bitmaps,
-            at,
-            cache,
-        })
+        Ok(LiveRowsExec { input, live, cache })
     }
 }
 
 impl DisplayAs for LiveRowsExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LiveRowsExec: files={}", self.bitmaps.len())
+        write!(f, "LiveRowsExec:")?;
+        if let Some(ts) = self.live.created_by {
+            write!(f, " created_by={ts}")?;
+        }
+        if let Some(b) = &self.live.bitmaps {
+            write!(f, " files={}", b.len())?;
+        }
+        Ok(())
     }
 }
 
@@ -92,6 +110,22 @@ impl ExecutionPlan for LiveRowsExec {
         vec![false]
     }
 
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    /// The input's, less the deleted rows (an estimate: the input's count, inexact) and the
+    /// two tag columns.
+    fn statistics_from_inputs(
+        &self,
+        input: &[Arc<Statistics>],
+        _: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let mut s = Statistics::clone(&input[0]).to_inexact();
+        s.column_statistics.truncate(self.live.at);
+        Ok(Arc::new(s))
+    }
+
     fn apply_expressions(
         &self,
         _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
@@ -112,8 +146,7 @@ impl ExecutionPlan for LiveRowsExec {
         }
         Ok(Arc::new(LiveRowsExec::try_new(
             children.swap_remove(0),
-            self.bitmaps.clone(),
-            self.at,
+            self.live.clone(),
         )?))
     }
 
@@ -122,46 +155,65 @@ impl ExecutionPlan for LiveRowsExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let bitmaps = self.bitmaps.clone();
-        let at = self.at;
-        let kept: Vec<usize> = (0..at).collect();
+        let live = self.live.clone();
+        let kept: Vec<usize> = (0..live.at).collect();
         let input = self.input.execute(partition, context)?;
         let schema = self.cache.eq_properties.schema().clone();
-        let live = input.map(move |batch| live_batch(&batch?, &bitmaps, &kept));
+        let live = input.map(move |batch| live_batch(&batch?, &live, &kept));
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, live)))
     }
 }
 
-/// `batch`'s live rows, without its two tag columns: the columns `kept` (every column before
-/// the tags, which are at `kept.len()`).
-fn live_batch(batch: &RecordBatch, bitmaps: &[Vec<u64>], kept: &[usize]) -> Result<RecordBatch> {
-    let at = kept.len();
-    let tag = |i: usize| {
+/// `batch`'s live rows, in the columns `kept` (every column before those `live` reads).
+fn live_batch(batch: &RecordBatch, live: &Liveness, kept: &[usize]) -> Result<RecordBatch> {
+    let unexpected = |i: usize| {
         DataFusionError::Internal(format!(
-            "column {i} of a tagged scan is {}",
+            "column {i} of a scan with {live:?} is {}",
             batch.column(i).data_type()
         ))
     };
-    let files = batch
-        .column(at)
-        .as_primitive_opt::<UInt32Type>()
-        .ok_or_else(|| tag(at))?;
-    let rows = batch
-        .column(at + 1)
-        .as_primitive_opt::<Int64Type>()
-        .ok_or_else(|| tag(at + 1))?;
-    let live = live_rows(bitmaps, files.values(), rows.values());
-    let data = batch.project(kept)?;
-    if live.count_set_bits() == live.len() {
-        return Ok(data);
+    let mut next = live.at;
+    let mut keep: Option<BooleanBuffer> = None;
+    if let Some(snapshot) = live.created_by {
+        let ts = batch
+            .column(next)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| unexpected(next))?
+            .values();
+        // Most batches hold no row created after the snapshot: then no mask at all.
+        if ts.iter().any(|&t| t > snapshot) {
+            keep = Some(BooleanBuffer::collect_bool(ts.len(), |i| ts[i] <= snapshot));
+        }
+        next += 1;
     }
-    Ok(filter_record_batch(&data, &BooleanArray::new(live, None))?)
+    if let Some(bitmaps) = &live.bitmaps {
+        let files = batch
+            .column(next)
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| unexpected(next))?;
+        let rows = batch
+            .column(next + 1)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| unexpected(next + 1))?;
+        let not_deleted = live_rows(bitmaps, files.values(), rows.values());
+        keep = Some(match keep {
+            Some(created) => &created & &not_deleted,
+            None => not_deleted,
+        });
+    }
+    let data = batch.project(kept)?;
+    match keep {
+        Some(keep) if keep.count_set_bits() < keep.len() => {
+            Ok(filter_record_batch(&data, &BooleanArray::new(keep, None))?)
+        }
+        _ => Ok(data),
+    }
 }
 
 /// Whether each row (`files[i]`, `rows[i]`) is live: its bit in its file's bitmap is clear.
 /// A batch of consecutive rows of one file, which is what the Parquet reader gives, takes its
 /// bits as they lie in the bitmap, 64 at a time; any other batch is looked up row by row.
-pub(crate) fn live_rows(bitmaps: &[Vec<u64>], files: &[u32], rows: &[i64]) -> BooleanBuffer {
+fn live_rows(bitmaps: &[Vec<u64>], files: &[u32], rows: &[i64]) -> BooleanBuffer {
     let n = rows.len();
     if let (Some(&file), Some(&first)) = (files.first(), rows.first()) {
         let bitmap = &bitmaps[file as usize];
@@ -245,8 +297,12 @@ mod tests {
             )
             .unwrap()
         };
-        let bitmaps = vec![vec![u64::MAX], vec![1 << 3 | 1 << 5]];
-        let out = live_batch(&batch((2..8).collect()), &bitmaps, &[0]).unwrap();
+        let live = Liveness {
+            at: 1,
+            created_by: None,
+            bitmaps: Some(Arc::new(vec![vec![u64::MAX], vec![1 << 3 | 1 << 5]])),
+        };
+        let out = live_batch(&batch((2..8).collect()), &live, &[0]).unwrap();
         assert_eq!(out.num_columns(), 1);
         let v: Vec<i32> = out
             .column(0)
@@ -255,7 +311,57 @@ mod tests {
             .to_vec();
         assert_eq!(v, vec![2, 4, 6, 7]);
         // No deleted row: the batch as it is.
-        let out = live_batch(&batch(vec![6, 7, 8]), &bitmaps, &[0]).unwrap();
+        let out = live_batch(&batch(vec![6, 7, 8]), &live, &[0]).unwrap();
         assert_eq!(out.num_rows(), 3);
+    }
+
+    #[test]
+    fn a_batch_keeps_the_rows_created_by_the_snapshot_and_not_deleted() {
+        use datafusion::arrow::array::{Int32Array, Int64Array, UInt32Array};
+        use datafusion::arrow::datatypes::{DataType, Field, Int32Type, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int32, false),
+            Field::new("_create_ts", DataType::Int64, false),
+            Field::new("_file", DataType::UInt32, false),
+            Field::new("_row", DataType::Int64, false),
+        ]));
+        // Row i created at 10 + i.
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from_iter_values(0..8)),
+                Arc::new(Int64Array::from_iter_values(10..18)),
+                Arc::new(UInt32Array::from(vec![0; 8])),
+                Arc::new(Int64Array::from_iter_values(0..8)),
+            ],
+        )
+        .unwrap();
+        let values = |live: Liveness| -> Vec<i32> {
+            let kept: Vec<usize> = (0..live.at).collect();
+            let out = live_batch(&batch, &live, &kept).unwrap();
+            assert_eq!(out.num_columns(), 1);
+            out.column(0).as_primitive::<Int32Type>().values().to_vec()
+        };
+        let deleted = Some(Arc::new(vec![vec![1 << 1 | 1 << 6]]));
+        // By the snapshot and not deleted; by the snapshot only (no tags read).
+        let both = Liveness {
+            at: 1,
+            created_by: Some(15),
+            bitmaps: deleted,
+        };
+        assert_eq!(values(both), vec![0, 2, 3, 4, 5]);
+        let created = Liveness {
+            at: 1,
+            created_by: Some(12),
+            bitmaps: None,
+        };
+        assert_eq!(values(created), vec![0, 1, 2]);
+        // Every row by the snapshot: kept, without a copy.
+        let all = Liveness {
+            at: 1,
+            created_by: Some(100),
+            bitmaps: None,
+        };
+        assert_eq!(values(all), (0..8).collect::<Vec<_>>());
     }
 }

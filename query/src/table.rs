@@ -4,12 +4,12 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{AsArray, BooleanArray};
 use datafusion::arrow::compute::concat_batches;
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, SchemaRef, UInt32Type};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::common::{DFSchema, ScalarValue};
+use datafusion::common::stats::Precision;
+use datafusion::common::{DFSchema, ScalarValue, Statistics};
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -22,18 +22,12 @@ use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
-};
 use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown};
 use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::union::UnionExec;
 use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
@@ -45,7 +39,7 @@ use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
 use retina_storage::file::{filter_visible, filter_visible_columns};
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
-use crate::live::{LiveRowsExec, live_rows};
+use crate::live::{LiveRowsExec, Liveness};
 use crate::{RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
@@ -181,11 +175,22 @@ impl TableProvider for RetinaTable {
         let (masked, plain): (Vec<Unit>, Vec<Unit>) = whole.into_iter().partition(|u| u.masked);
         // `limit` only where every row read is returned: not before a filter on `_create_ts`
         // or on deleted rows.
+        // Scans that read `_create_ts` prune by it too: row groups (and pages) whose rows were
+        // all created after the snapshot.
+        let ts = schema.create_ts_index();
+        let created_predicate: Arc<dyn PhysicalExpr> = {
+            let created = created_by(snapshot, ts);
+            match &predicate {
+                Some(p) => Arc::new(BinaryExpr::new(p.clone(), Operator::And, created)),
+                None => created,
+            }
+        };
         let scan = |units: Vec<Unit>,
                     parts: usize,
                     columns: Vec<usize>,
                     tagged: bool,
-                    limit: Option<usize>| {
+                    limit: Option<usize>,
+                    predicate: Option<Arc<dyn PhysicalExpr>>| {
             parquet_scan(
                 state,
                 &url,
@@ -194,25 +199,11 @@ impl TableProvider for RetinaTable {
                 units,
                 parts,
                 &file_schema,
-                predicate.clone(),
+                predicate,
                 columns,
                 limit,
                 tagged,
             )
-        };
-        let project_out = |input: Arc<dyn ExecutionPlan>| -> Result<Arc<dyn ExecutionPlan>> {
-            let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = out_schema
-                .fields()
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    (
-                        Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
-                        f.name().clone(),
-                    )
-                })
-                .collect();
-            Ok(Arc::new(ProjectionExec::try_new(exprs, input)?))
         };
         let plain_rows: u64 = plain.iter().map(|u| u.rows).sum();
         let masked_rows: u64 = masked.iter().map(|u| u.rows).sum();
@@ -227,6 +218,7 @@ impl TableProvider for RetinaTable {
                 projection.clone(),
                 false,
                 limit,
+                predicate.clone(),
             )?);
         }
         if !masked.is_empty() {
@@ -243,23 +235,40 @@ impl TableProvider for RetinaTable {
             let n = file_schema.fields().len();
             let mut columns = projection.clone();
             columns.extend([n, n + 1]);
-            let input = scan(masked, share(masked_rows), columns, true, None)?;
-            inputs.push(Arc::new(LiveRowsExec::try_new(
-                input,
-                bitmaps,
-                projection.len(),
-            )?));
+            let input = scan(
+                masked,
+                share(masked_rows),
+                columns,
+                true,
+                None,
+                predicate.clone(),
+            )?;
+            let live = Liveness {
+                at: projection.len(),
+                created_by: None,
+                bitmaps: Some(bitmaps),
+            };
+            inputs.push(Arc::new(LiveRowsExec::try_new(input, live)?));
         }
         if !straddling.is_empty() {
             // Row groups with rows created after the snapshot: read `_create_ts` as well, keep
             // the rows at or before the snapshot, and drop the column again.
-            let ts = schema.create_ts_index();
             let mut columns = projection.clone();
             columns.push(ts);
-            let input = scan(straddling, 1, columns, false, None)?;
-            let at_or_before = created_by(snapshot, projection.len());
-            let filtered = Arc::new(FilterExec::try_new(at_or_before, input)?);
-            inputs.push(project_out(filtered)?);
+            let input = scan(
+                straddling,
+                1,
+                columns,
+                false,
+                None,
+                Some(created_predicate.clone()),
+            )?;
+            let live = Liveness {
+                at: projection.len(),
+                created_by: Some(snapshot.get() as i64),
+                bitmaps: None,
+            };
+            inputs.push(Arc::new(LiveRowsExec::try_new(input, live)?));
         }
 
         // The write buffers: in-memory blocks as they came; flushed blocks (and files combined
@@ -267,6 +276,7 @@ impl TableProvider for RetinaTable {
         // the query runs, pruned by their statistics.
         let mut memory = Vec::new();
         let mut objects = Vec::new();
+        let mut buffer_object_rows: Vec<u64> = Vec::new();
         for part in buffers.into_iter().flatten() {
             match &part.data {
                 PartData::Memory(batches) => memory.extend(memory_part(
@@ -278,7 +288,10 @@ impl TableProvider for RetinaTable {
                     &out_schema,
                     check,
                 )?),
-                PartData::Path(path) => objects.push((format!("{prefix}{path}"), part.deleted)),
+                PartData::Path(path) => {
+                    buffer_object_rows.push(part.rows);
+                    objects.push((format!("{prefix}{path}"), part.deleted));
+                }
             }
         }
         tracing::debug!(
@@ -317,33 +330,37 @@ impl TableProvider for RetinaTable {
                 .collect();
             let mut columns = projection.clone();
             if check {
-                columns.push(schema.create_ts_index());
+                columns.push(ts);
             }
             if tagged {
                 let n = file_schema.fields().len();
                 columns.extend([n, n + 1]);
             }
+            let rows = buffer_object_rows.iter().sum();
             let input = scan_exec(
                 state,
                 &url,
                 groups,
+                rows,
                 &file_schema,
-                predicate.clone(),
+                if check {
+                    Some(created_predicate)
+                } else {
+                    predicate.clone()
+                },
                 columns,
                 if check { None } else { limit },
                 tagged,
                 false,
             )?;
             if check {
-                let p = projection.len();
-                let mut keep = created_by(snapshot, p);
-                if tagged {
-                    let bitmaps = Arc::new(objects.into_iter().map(|(_, d)| d).collect());
-                    let live = not_deleted(state, bitmaps, &input, p + 1)?;
-                    keep = Arc::new(BinaryExpr::new(keep, Operator::And, live));
-                }
-                let filtered = Arc::new(FilterExec::try_new(keep, input)?);
-                inputs.push(project_out(filtered)?);
+                let live = Liveness {
+                    at: projection.len(),
+                    created_by: Some(snapshot.get() as i64),
+                    bitmaps: tagged
+                        .then(|| Arc::new(objects.into_iter().map(|(_, d)| d).collect())),
+                };
+                inputs.push(Arc::new(LiveRowsExec::try_new(input, live)?));
             } else {
                 inputs.push(input);
             }
@@ -536,6 +553,7 @@ fn parquet_scan(
         state,
         url,
         groups,
+        total,
         file_schema,
         predicate,
         columns,
@@ -545,15 +563,17 @@ fn parquet_scan(
     )
 }
 
-/// DataFusion's Parquet scan of `groups` (one partition each). `tagged`: each file carries its
-/// index as [`FILE_COLUMN`] and every row its number in the object as [`ROW_COLUMN`], after
-/// the stored columns. `cache_footers`: the objects are regular files, whose footers are
-/// cached across queries.
+/// DataFusion's Parquet scan of `groups` (one partition each), `rows` rows in all (before
+/// filters: the join planner's estimate, which picks build sides and whether to repartition).
+/// `tagged`: each file carries its index as [`FILE_COLUMN`] and every row its number in the
+/// object as [`ROW_COLUMN`], after the stored columns. `cache_footers`: the objects are regular
+/// files, whose footers are cached across queries.
 #[allow(clippy::too_many_arguments)]
 fn scan_exec(
     state: &dyn Session,
     url: &ObjectStoreUrl,
     groups: Vec<Vec<PartitionedFile>>,
+    rows: u64,
     file_schema: &SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
     columns: Vec<usize>,
@@ -577,7 +597,12 @@ fn scan_exec(
             ))])
             .with_virtual_columns(vec![Arc::new(row)]);
     }
-    let mut source = ParquetSource::new(table_schema.build()).with_table_parquet_options(options);
+    let table_schema = table_schema.build();
+    let statistics = Statistics {
+        num_rows: Precision::Inexact(rows as usize),
+        ..Statistics::new_unknown(table_schema.table_schema())
+    };
+    let mut source = ParquetSource::new(table_schema).with_table_parquet_options(options);
     if cache_footers {
         // A regular file's object is written once, under its file id, and never changed (a
         // rewrite gets a new id): its footer is kept in the session runtime's metadata cache
@@ -595,6 +620,7 @@ fn scan_exec(
         .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
         .with_projection_indices(Some(columns))?
         .with_limit(limit)
+        .with_statistics(statistics)
         .build();
     Ok(DataSourceExec::from_data_source(config))
 }
@@ -610,93 +636,10 @@ fn created_by(snapshot: Timestamp, at: usize) -> Arc<dyn PhysicalExpr> {
     ))
 }
 
-/// Whether a row of a tagged scan is live, with [`FILE_COLUMN`] the input's column `at` and
-/// [`ROW_COLUMN`] the next: `bitmaps[file]` has the row's bit clear.
-fn not_deleted(
-    state: &dyn Session,
-    bitmaps: Arc<Vec<Vec<u64>>>,
-    input: &Arc<dyn ExecutionPlan>,
-    at: usize,
-) -> Result<Arc<dyn PhysicalExpr>> {
-    Ok(Arc::new(ScalarFunctionExpr::try_new(
-        Arc::new(ScalarUDF::new_from_impl(NotDeleted::new(bitmaps))),
-        vec![
-            Arc::new(Column::new(FILE_COLUMN, at)),
-            Arc::new(Column::new(ROW_COLUMN, at + 1)),
-        ],
-        input.schema().as_ref(),
-        Arc::new(state.config_options().clone()),
-    )?))
-}
-
 /// The partition column a masked scan tags rows with: the file's index in the plan.
 const FILE_COLUMN: &str = "_retina_file";
 /// The virtual column a masked scan numbers rows with, within their file.
 const ROW_COLUMN: &str = "_retina_row";
-
-/// `retina_not_deleted(file, row)`: whether the row is live at the query's snapshot.
-#[derive(Debug)]
-struct NotDeleted {
-    bitmaps: Arc<Vec<Vec<u64>>>,
-    signature: Signature,
-}
-
-impl NotDeleted {
-    fn new(bitmaps: Arc<Vec<Vec<u64>>>) -> NotDeleted {
-        NotDeleted {
-            bitmaps,
-            signature: Signature::exact(
-                vec![DataType::UInt32, DataType::Int64],
-                Volatility::Immutable,
-            ),
-        }
-    }
-}
-
-impl PartialEq for NotDeleted {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.bitmaps, &other.bitmaps)
-    }
-}
-
-impl Eq for NotDeleted {}
-
-impl std::hash::Hash for NotDeleted {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        Arc::as_ptr(&self.bitmaps).hash(state);
-    }
-}
-
-impl ScalarUDFImpl for NotDeleted {
-    fn name(&self) -> &str {
-        "retina_not_deleted"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Boolean)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let n = args.number_rows;
-        let [file, row] = args.args.as_slice() else {
-            return Err(DataFusionError::Internal("two arguments".into()));
-        };
-        let files = file.to_array(n)?;
-        let rows = row.to_array(n)?;
-        let live = live_rows(
-            &self.bitmaps,
-            files.as_primitive::<UInt32Type>().values(),
-            rows.as_primitive::<Int64Type>().values(),
-        );
-        Ok(ColumnarValue::Array(Arc::new(BooleanArray::new(
-            live, None,
-        ))))
-    }
-}
 
 /// The filters as one physical predicate over the stored schema, for pruning.
 fn pruning_predicate(
