@@ -276,7 +276,7 @@ impl TableProvider for RetinaTable {
         // the query runs, pruned by their statistics.
         let mut memory = Vec::new();
         let mut objects = Vec::new();
-        let mut buffer_object_rows: Vec<u64> = Vec::new();
+        let mut object_rows = 0u64;
         for part in buffers.into_iter().flatten() {
             match &part.data {
                 PartData::Memory(batches) => memory.extend(memory_part(
@@ -289,7 +289,7 @@ impl TableProvider for RetinaTable {
                     check,
                 )?),
                 PartData::Path(path) => {
-                    buffer_object_rows.push(part.rows);
+                    object_rows += part.rows;
                     objects.push((format!("{prefix}{path}"), part.deleted));
                 }
             }
@@ -336,12 +336,11 @@ impl TableProvider for RetinaTable {
                 let n = file_schema.fields().len();
                 columns.extend([n, n + 1]);
             }
-            let rows = buffer_object_rows.iter().sum();
             let input = scan_exec(
                 state,
                 &url,
                 groups,
-                rows,
+                object_rows,
                 &file_schema,
                 if check {
                     Some(created_predicate)

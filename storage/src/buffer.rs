@@ -283,17 +283,11 @@ pub struct VirtualFile {
     sealed: Vec<BlockState>,
     active: Option<ActiveBlock>,
     combining: bool,
-    /// Segments made or being made, in block order from block 0 on, each
-    /// `segment_blocks` long.
-    segments: Vec<Segment>,
-}
-
-/// A run of a virtual file's flushed blocks combined into one object.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-struct Segment {
-    first: u32,
-    /// Whether the object is written (readers use it), or being written.
-    written: bool,
+    /// Segments written: segment `k` holds blocks `k * segment_blocks` on, `segment_blocks`
+    /// of them; readers use them in place of those blocks.
+    segments: u32,
+    /// Whether segment `segments` is being written.
+    segment_in_flight: bool,
 }
 
 impl VirtualFile {
@@ -396,7 +390,8 @@ impl WriteBuffer {
             sealed: Vec::new(),
             active: None,
             combining: false,
-            segments: Vec::new(),
+            segments: 0,
+            segment_in_flight: false,
         });
         NewFile {
             file: id,
@@ -485,72 +480,69 @@ impl WriteBuffer {
     }
 
     /// The next combination to make, marked as in flight: the oldest full virtual file whose
-    /// blocks are all flushed (and whose segments are all written), else the oldest run of
+    /// blocks are all flushed (and no segment in flight), else the oldest run of
     /// `segment_blocks` flushed blocks past a file's segments (one segment in flight per file,
     /// none in a full file, whose combination comes soon).
     pub fn take_combine_job(&mut self) -> Option<CombineJob> {
-        let table = self.schema.name().to_owned();
+        let table = self.schema.name();
         let seg = self.segment_blocks;
         let flushed = |s: &BlockState| matches!(s, BlockState::Flushed);
-        let block = |file: FileId, index: u32| block_path(&table, BlockId { file, index });
+        let block = |file: FileId, index: u32| block_path(table, BlockId { file, index });
         if let Some(file) = self.files.iter_mut().find(|f| {
             !f.combining
+                && !f.segment_in_flight
                 && f.rows == f.capacity
                 && f.active.is_none()
                 && f.sealed.iter().all(flushed)
-                && f.segments.iter().all(|s| s.written)
         }) {
             file.combining = true;
             let blocks = file.sealed.len() as u32;
             let id = file.id;
             // Read the segments in place of their blocks.
-            let covered = file.segments.len() as u32 * seg;
-            let segment = |first: u32| {
-                segment_path(
-                    &table,
-                    BlockId {
-                        file: id,
-                        index: first,
-                    },
-                    seg,
-                )
-            };
-            let mut sources: Vec<Path> = file.segments.iter().map(|s| segment(s.first)).collect();
-            sources.extend((covered..blocks).map(|i| block(id, i)));
+            let segments: Vec<Path> = (0..file.segments)
+                .map(|k| {
+                    segment_path(
+                        table,
+                        BlockId {
+                            file: id,
+                            index: k * seg,
+                        },
+                        seg,
+                    )
+                })
+                .collect();
+            let mut sources = segments.clone();
+            sources.extend((file.segments * seg..blocks).map(|i| block(id, i)));
             // (A segment written before a restart is known to no checkpoint: recovery deleted
             // it with the other objects no shard reads.)
             let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
-            retire.extend(sources.iter().take(file.segments.len()).cloned());
+            retire.extend(segments);
             return Some(CombineJob {
                 file: id,
                 rows: file.rows,
                 sources,
-                target: file_path(&table, id),
+                target: file_path(table, id),
                 kind: CombineKind::File { retire },
             });
         }
         let file = self.files.iter_mut().find(|f| {
-            let next = f.segments.len() as u32 * seg;
+            let next = (f.segments * seg) as usize;
             !f.combining
+                && !f.segment_in_flight
                 && f.rows < f.capacity
-                && f.segments.iter().all(|s| s.written)
-                && f.sealed.len() as u32 >= next + seg
-                && f.sealed[next as usize..(next + seg) as usize]
-                    .iter()
-                    .all(flushed)
+                && f.sealed
+                    .get(next..next + seg as usize)
+                    .is_some_and(|run| run.iter().all(flushed))
         })?;
-        let first = file.segments.len() as u32 * seg;
-        file.segments.push(Segment {
-            first,
-            written: false,
-        });
+        file.segment_in_flight = true;
+        let first = file.segments * seg;
         let id = file.id;
         Some(CombineJob {
             file: id,
             rows: u64::from(seg) * self.block_rows as u64,
             sources: (first..first + seg).map(|i| block(id, i)).collect(),
             target: segment_path(
-                &table,
+                table,
                 BlockId {
                     file: id,
                     index: first,
@@ -570,14 +562,15 @@ impl WriteBuffer {
                 let at = at.expect("a combined file was in the buffer");
                 Some(self.files.remove(at).expect("position is in range"))
             }
-            CombineKind::Segment { first, .. } => {
+            CombineKind::Segment { .. } => {
                 let f = &mut self.files[at.expect("a segment's file is in the buffer")];
-                let s = f
-                    .segments
-                    .iter_mut()
-                    .find(|s| s.first == first)
-                    .expect("a segment in flight is listed");
-                s.written = true;
+                assert!(
+                    f.segment_in_flight,
+                    "a segment of file {} was in flight",
+                    f.id
+                );
+                f.segment_in_flight = false;
+                f.segments += 1;
                 None
             }
         }
@@ -590,7 +583,7 @@ impl WriteBuffer {
         };
         match job.kind {
             CombineKind::File { .. } => f.combining = false,
-            CombineKind::Segment { first, .. } => f.segments.retain(|s| s.first != first),
+            CombineKind::Segment { .. } => f.segment_in_flight = false,
         }
     }
 
@@ -603,11 +596,10 @@ impl WriteBuffer {
         let mut out = Vec::new();
         for file in &self.files {
             let mut offset = 0u64;
-            let mut skip_to = 0u32;
-            for s in file.segments.iter().filter(|s| s.written) {
+            for k in 0..file.segments {
                 let id = BlockId {
                     file: file.id,
-                    index: s.first,
+                    index: k * seg,
                 };
                 let rows = u64::from(seg) * self.block_rows as u64;
                 out.push(BufferBlock {
@@ -617,9 +609,9 @@ impl WriteBuffer {
                     data: BlockData::Object(segment_path(table, id, seg)),
                 });
                 offset += rows;
-                skip_to = s.first + seg;
             }
-            for (index, state) in file.sealed.iter().enumerate().skip(skip_to as usize) {
+            let covered = (file.segments * seg) as usize;
+            for (index, state) in file.sealed.iter().enumerate().skip(covered) {
                 let id = BlockId {
                     file: file.id,
                     index: index as u32,
@@ -844,7 +836,8 @@ impl WriteBuffer {
                 sealed,
                 active,
                 combining: false,
-                segments: Vec::new(),
+                segments: 0,
+                segment_in_flight: false,
             });
         }
         Ok(WriteBuffer {
