@@ -17,9 +17,11 @@ use parquet::arrow::arrow_reader::{
     RowFilter, RowSelection, RowSelector,
 };
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::ParquetMetaData;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::buffer::{CombineJob, CombineKind, FlushJob};
@@ -79,6 +81,75 @@ pub fn encode(
         writer.write(b)?;
     }
     Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// One Parquet file holding the row groups of `sources` (files of one schema) in order: each
+/// column chunk's pages are copied byte for byte, with their statistics and offset index, and
+/// the first source's key-value metadata (the Arrow schema) is kept.
+fn concat_row_groups(sources: &[Bytes]) -> Result<Bytes> {
+    let metas = sources
+        .iter()
+        .map(|bytes| {
+            ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .parse_and_finish(bytes)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let Some(first) = metas.first() else {
+        return Err(StorageError::Corrupt {
+            what: "a segment".into(),
+            reason: "no blocks to combine".into(),
+        });
+    };
+    let descr = first.file_metadata().schema_descr();
+    if let Some(other) = metas
+        .iter()
+        .find(|m| m.file_metadata().schema_descr() != descr)
+    {
+        return Err(StorageError::Corrupt {
+            what: "a segment's blocks".into(),
+            reason: format!(
+                "schemas differ: {:?} and {:?}",
+                descr.root_schema(),
+                other.file_metadata().schema_descr().root_schema()
+            ),
+        });
+    }
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(first.file_metadata().key_value_metadata().cloned())
+        .set_created_by(format!("retina {}", env!("CARGO_PKG_VERSION")))
+        .build();
+    let size = sources.iter().map(Bytes::len).sum();
+    let mut writer = SerializedFileWriter::new(
+        Vec::with_capacity(size),
+        descr.root_schema_ptr(),
+        Arc::new(props),
+    )?;
+    for (bytes, meta) in sources.iter().zip(&metas) {
+        for (g, group) in meta.row_groups().iter().enumerate() {
+            let mut out = writer.next_row_group()?;
+            for (c, column) in group.columns().iter().enumerate() {
+                out.append_column(
+                    bytes,
+                    ColumnCloseResult {
+                        bytes_written: column.compressed_size() as u64,
+                        rows_written: group.num_rows() as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: at(meta.column_index(), g, c),
+                        offset_index: at(meta.offset_index(), g, c),
+                    },
+                )?;
+            }
+            out.close()?;
+        }
+    }
+    Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// A page index's entry for column `c` of row group `g`.
+fn at<T: Clone>(index: Option<&Vec<Vec<T>>>, g: usize, c: usize) -> Option<T> {
+    index?.get(g)?.get(c).cloned()
 }
 
 /// One row group of a file: its rows' place in the file and its `_create_ts` range.
@@ -343,25 +414,31 @@ pub async fn combine_blocks(
     config: &StorageConfig,
     job: &CombineJob,
 ) -> Result<CombinedFile> {
-    let mut batches = Vec::new();
+    let mut sources = Vec::with_capacity(job.sources.len());
     for path in &job.sources {
-        let bytes = store.get(path).await?.bytes().await?;
-        for b in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
-            batches.push(b?);
+        sources.push(store.get(path).await?.bytes().await?);
+    }
+    let bytes = match job.kind {
+        // A segment keeps its blocks' encoding (LZ4, row groups of a block): their column
+        // chunks are copied as they are, without decoding a value.
+        CombineKind::Segment { .. } => concat_row_groups(&sources)?,
+        CombineKind::File { .. } => {
+            let mut batches = Vec::new();
+            for bytes in sources {
+                for b in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
+                    batches.push(b?);
+                }
+            }
+            let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+            if rows as u64 != job.rows {
+                return Err(StorageError::Corrupt {
+                    what: format!("blocks of file {}", job.file),
+                    reason: format!("{rows} rows read back, {} expected", job.rows),
+                });
+            }
+            encode(schema, &batches, writer_properties(config))?
         }
-    }
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    if rows as u64 != job.rows {
-        return Err(StorageError::Corrupt {
-            what: format!("blocks of file {}", job.file),
-            reason: format!("{rows} rows read back, {} expected", job.rows),
-        });
-    }
-    let props = match job.kind {
-        CombineKind::File { .. } => writer_properties(config),
-        CombineKind::Segment { .. } => block_writer_properties(config),
     };
-    let bytes = encode(schema, &batches, props)?;
     let meta = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())?;
     let groups = row_groups(meta.metadata(), schema)?;
     let written: u64 = groups.iter().map(|g| g.rows).sum();
@@ -542,6 +619,128 @@ pub fn local_store(dir: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::{ColumnDef, ColumnType, batch_rows};
+    use crate::value::Value;
+
+    /// A block of `rows` rows from `first` on (ids, names, `_create_ts` = id + 100).
+    fn block(schema: &TableSchema, first: i64, rows: i64) -> RecordBatch {
+        use arrow::array::{Int32Array, StringArray};
+        let ids: Vec<i32> = (first..first + rows).map(|i| i as i32).collect();
+        let names: Vec<Option<String>> = (first..first + rows)
+            .map(|i| (i % 3 != 0).then(|| format!("name {i}")))
+            .collect();
+        let ts: Vec<i64> = (first..first + rows).map(|i| i + 100).collect();
+        RecordBatch::try_new(
+            schema.arrow_schema().clone(),
+            vec![
+                Arc::new(Int32Array::from(ids)),
+                Arc::new(StringArray::from(names)),
+                Arc::new(Int64Array::from(ts)),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+        futures::executor::block_on(f)
+    }
+
+    #[test]
+    fn a_segment_copies_its_blocks_row_groups_and_the_file_reads_it_back() {
+        let schema = TableSchema::new(
+            "t",
+            vec![
+                ColumnDef::new("id", ColumnType::Int32, false),
+                ColumnDef::new("name", ColumnType::Utf8, true),
+            ],
+            &["id"],
+        )
+        .unwrap();
+        let config = StorageConfig::default();
+        let dir = tempfile::tempdir().unwrap();
+        let store = local_store(dir.path()).unwrap();
+        let sizes = [5i64, 7, 3, 4];
+        let mut paths = Vec::new();
+        let mut first = 0;
+        for (index, &rows) in sizes.iter().enumerate() {
+            let path = Path::from(format!("buffer/1-{index:05}.parquet"));
+            let job = FlushJob {
+                block: crate::buffer::BlockId {
+                    file: FileId(1),
+                    index: index as u32,
+                },
+                batch: block(&schema, first, rows),
+                path: path.clone(),
+            };
+            run(flush_block(store.as_ref(), &schema, &config, &job)).unwrap();
+            paths.push(path);
+            first += rows;
+        }
+        let types: Vec<ColumnType> = schema
+            .columns()
+            .iter()
+            .map(|c| c.ty)
+            .chain([ColumnType::Int64])
+            .collect();
+        let read = |path: &Path| {
+            let bytes = run(get(store.as_ref(), path)).unwrap();
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
+            // Other readers see the table's Arrow types (the schema travels in the footer).
+            assert_eq!(reader.schema(), schema.arrow_schema());
+            let groups = reader.metadata().num_row_groups();
+            let rows: Vec<Vec<Value>> = reader
+                .build()
+                .unwrap()
+                .flat_map(|b| batch_rows(&b.unwrap(), &types))
+                .collect();
+            (groups, rows)
+        };
+        // The first three blocks as a segment: their row groups, copied.
+        let segment = Path::from("buffer/1-00000-3.parquet");
+        let job = CombineJob {
+            file: FileId(1),
+            rows: 15,
+            sources: paths[..3].to_vec(),
+            target: segment.clone(),
+            kind: CombineKind::Segment {
+                first: 0,
+                blocks: 3,
+            },
+        };
+        let made = run(combine_blocks(store.as_ref(), &schema, &config, &job)).unwrap();
+        let offsets: Vec<(u64, u64, u64, u64)> = made
+            .groups
+            .iter()
+            .map(|g| (g.offset, g.rows, g.min_create_ts, g.max_create_ts))
+            .collect();
+        assert_eq!(
+            offsets,
+            [(0, 5, 100, 104), (5, 7, 105, 111), (12, 3, 112, 114)]
+        );
+        let expected: Vec<Vec<Value>> = paths.iter().flat_map(|p| read(p).1).collect();
+        let (groups, rows) = read(&segment);
+        assert_eq!(groups, 3);
+        assert_eq!(rows, expected[..15]);
+        // A wrong row count is refused, and nothing is written.
+        let wrong = CombineJob {
+            rows: 16,
+            target: Path::from("buffer/1-00000-3-wrong.parquet"),
+            ..job.clone()
+        };
+        assert!(run(combine_blocks(store.as_ref(), &schema, &config, &wrong)).is_err());
+        assert!(run(get(store.as_ref(), &wrong.target)).is_err());
+        // The full file reads the segment and the block after it.
+        let file = CombineJob {
+            file: FileId(1),
+            rows: 19,
+            sources: vec![segment, paths[3].clone()],
+            target: Path::from("tables/t/1.parquet"),
+            kind: CombineKind::File { retire: vec![] },
+        };
+        let made = run(combine_blocks(store.as_ref(), &schema, &config, &file)).unwrap();
+        assert_eq!(made.groups.iter().map(|g| g.rows).sum::<u64>(), 19);
+        assert_eq!(read(&file.target).1, expected);
+    }
 
     #[test]
     fn large_objects_go_up_in_parts_whole_or_not_at_all() {
