@@ -232,6 +232,7 @@ pub(super) fn run(
                 break 'read;
             }
         }
+        lanes.give_back(bytes);
     }
     if sink.report.stopped_by.is_none() && sink.report.restart.is_none() {
         // A bad transaction whose END never came still goes to the dead-letter file.

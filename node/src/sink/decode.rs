@@ -9,6 +9,10 @@
 //! the lines. Memory is bounded: each lane holds at most [`LANE_QUEUE`] chunks waiting and as
 //! many done, and a chunk is at most [`CHUNK_BYTES`] (or one line).
 //!
+//! Chunk buffers go round: the sink gives each chunk's bytes back ([`Lanes::give_back`]) and the
+//! reader reads into them again, so replay touches the same memory over and over instead of
+//! fresh pages (a page's first touch costs a fault and its zeroing).
+//!
 //! A line still being written (no newline yet at the end of a followed file) stays with the
 //! reader until it is whole; at the end of a file read once, the last line counts without one.
 
@@ -71,6 +75,13 @@ impl ChunkBytes {
             ChunkBytes::Bytes(b) => b,
         }
     }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            ChunkBytes::Text(s) => s.into_bytes(),
+            ChunkBytes::Bytes(b) => b,
+        }
+    }
 }
 
 impl Chunk {
@@ -112,6 +123,8 @@ enum Work {
 pub(super) struct Lanes {
     outputs: Vec<Receiver<Decoded>>,
     turn: usize,
+    /// Chunk buffers for the reader to read into again.
+    spare: Sender<Vec<u8>>,
 }
 
 impl Lanes {
@@ -128,6 +141,9 @@ impl Lanes {
         chunk_bytes: usize,
     ) -> Lanes {
         let lanes = lanes.max(1);
+        // Enough for every chunk that can be in flight: queued at and done by each lane, one
+        // with the sink, one being read.
+        let (spare, spares) = flume::bounded(2 * LANE_QUEUE * lanes + 2);
         let mut inputs = Vec::with_capacity(lanes);
         let mut outputs = Vec::with_capacity(lanes);
         for lane in 0..lanes {
@@ -144,9 +160,30 @@ impl Lanes {
         }
         std::thread::Builder::new()
             .name("retina-source".into())
-            .spawn(move || read(input, lines_before, follow, chunk_bytes.max(1), &inputs))
+            .spawn(move || {
+                let chunk_bytes = chunk_bytes.max(1);
+                let buffer = || {
+                    spares.try_recv().map_or_else(
+                        |_| Vec::with_capacity(chunk_bytes),
+                        |mut b: Vec<u8>| {
+                            b.clear();
+                            b
+                        },
+                    )
+                };
+                read(input, lines_before, follow, chunk_bytes, &inputs, buffer)
+            })
             .expect("spawning the source reader");
-        Lanes { outputs, turn: 0 }
+        Lanes {
+            outputs,
+            turn: 0,
+            spare,
+        }
+    }
+
+    /// Hands a chunk's bytes back, once its lines are done with, for the reader to read into.
+    pub(super) fn give_back(&self, bytes: ChunkBytes) {
+        let _ = self.spare.try_send(bytes.into_vec());
     }
 
     /// What comes next, waiting at most `wait` (`None`: nothing yet). After [`Decoded::End`]
@@ -178,6 +215,9 @@ fn decode(
     done: &Sender<Decoded>,
 ) {
     for w in work.iter() {
+        // A name of the chunk's own: its lines' positions count references to it, and sharing
+        // one among the lanes and the sink would bounce its count between their cores.
+        let name: Arc<str> = Arc::from(&**name);
         let decoded = match w {
             Work::Idle => Decoded::Idle,
             Work::End(e) => Decoded::End(e),
@@ -239,6 +279,7 @@ fn read(
     follow: bool,
     chunk_bytes: usize,
     lanes: &[Sender<Work>],
+    mut buffer: impl FnMut() -> Vec<u8>,
 ) {
     let mut turn = 0;
     let mut deal = |w: Work| -> bool {
@@ -248,7 +289,7 @@ fn read(
     };
     let mut line = lines_before;
     // Bytes read and not yet dealt: at most a partial line between reads.
-    let mut pending: Vec<u8> = Vec::new();
+    let mut pending = buffer();
     let mut idle = false;
     loop {
         // Read up to a chunk's worth past what is pending (more only for a line that long).
@@ -303,7 +344,8 @@ fn read(
         let Some(last) = memchr::memrchr(b'\n', &pending[len..]) else {
             continue;
         };
-        let rest = pending[len + last + 1..].to_vec();
+        let mut rest = buffer();
+        rest.extend_from_slice(&pending[len + last + 1..]);
         pending.truncate(len + last + 1);
         let whole = std::mem::replace(&mut pending, rest);
         let count = memchr::memchr_iter(b'\n', &whole).count();
