@@ -8,13 +8,9 @@
 //! errors with their exact texts.
 
 use std::borrow::Cow;
-use std::fmt;
 use std::sync::Arc;
 
 use retina_storage::TableSchema;
-use serde::Deserialize;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
 
 use super::error::{DebeziumError, SourcePosition};
@@ -87,9 +83,7 @@ pub(super) fn parse_change(
     catalog: &dyn Fn(&str) -> Option<Arc<TableSchema>>,
     options: &ParseOptions,
 ) -> Option<Message> {
-    let mut de = serde_json::Deserializer::from_str(line);
-    let mut payload = de.deserialize_map(PayloadVisitor).ok()?;
-    de.end().ok()?;
+    let mut payload = read_payload(line)?;
     let op = payload.op?;
     if !matches!(op, "c" | "r" | "u" | "d" | "t") {
         return None;
@@ -144,185 +138,370 @@ pub(super) fn parse_change(
     }))
 }
 
-/// `null` or an object of columns.
-fn image<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Columns<'de>>, A::Error> {
-    map.next_value::<Option<ColumnsSeed>>()
-        .map(|c| c.map(|c| c.0))
+/// JSON whitespace (a line with a control character anywhere is left to the full parse, so
+/// only the space occurs).
+const SPACE: u8 = b' ';
+/// Nesting deeper than this is left to the full parse (which has its own limit).
+const MAX_DEPTH: usize = 64;
+
+/// A cursor over a line, reading JSON without building anything it does not keep. Every
+/// method answers `None` where the line is not what the one-pass read takes: malformed JSON,
+/// or a shape it leaves to the full parse.
+struct Scan<'a> {
+    text: &'a str,
+    i: usize,
 }
 
-struct PayloadVisitor;
+/// A JSON string as read: without escapes (its text, borrowed), or with them (the literal,
+/// quotes included, for serde_json to decode: escapes are rare, and it checks them exactly as
+/// the full parse does).
+enum Str<'a> {
+    Plain(&'a str),
+    Escaped(&'a str),
+}
 
-impl<'de> Visitor<'de> for PayloadVisitor {
-    type Value = Payload<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a change event")
+impl<'a> Scan<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Payload<'de>, A::Error> {
-        let mut p = Payload::default();
-        while let Some(key) = map.next_key::<&'de str>()? {
-            match key {
-                "op" => p.op = Some(map.next_value()?),
-                "before" => p.before = image(&mut map)?,
-                "after" => p.after = image(&mut map)?,
-                "source" => p.source = Some(map.next_value::<SourceSeed>()?.0),
-                "transaction" => {
-                    p.transaction = map
-                        .next_value::<Option<TxnSeed>>()?
-                        .map(|t| transaction_from(t.id, t.total_order.as_ref(), t.order.as_ref()))
+    /// The next byte after any whitespace.
+    fn peek(&mut self) -> Option<u8> {
+        let b = self.bytes();
+        while b.get(self.i) == Some(&SPACE) {
+            self.i += 1;
+        }
+        b.get(self.i).copied()
+    }
+
+    /// Takes `c` if it comes next.
+    fn eat(&mut self, c: u8) -> bool {
+        let next = self.peek() == Some(c);
+        self.i += usize::from(next);
+        next
+    }
+
+    fn expect(&mut self, c: u8) -> Option<()> {
+        self.eat(c).then_some(())
+    }
+
+    /// A string (the cursor on its opening quote).
+    fn string(&mut self) -> Option<Str<'a>> {
+        let b = self.bytes();
+        let start = self.i + 1;
+        let mut j = start;
+        let mut escaped = false;
+        loop {
+            j = quote_or_backslash(b, j)?;
+            if b[j] == b'"' {
+                self.i = j + 1;
+                return Some(if escaped {
+                    Str::Escaped(&self.text[start - 1..j + 1])
+                } else {
+                    Str::Plain(&self.text[start..j])
+                });
+            }
+            // An escape: its next byte is not the end of the string (serde_json checks it).
+            escaped = true;
+            j += 2;
+        }
+    }
+
+    /// A string without escapes.
+    fn plain(&mut self) -> Option<&'a str> {
+        if self.peek()? != b'"' {
+            return None;
+        }
+        match self.string()? {
+            Str::Plain(s) => Some(s),
+            Str::Escaped(_) => None,
+        }
+    }
+
+    /// A key (without escapes) and its colon.
+    fn key(&mut self) -> Option<&'a str> {
+        let key = self.plain()?;
+        self.expect(b':')?;
+        Some(key)
+    }
+
+    /// Reads the members of an object (the cursor after its `{`) with `member`, which reads
+    /// each one's value after its key.
+    fn members(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        if self.eat(b'}') {
+            return Some(());
+        }
+        loop {
+            let key = self.key()?;
+            member(self, key)?;
+            if !self.eat(b',') {
+                return self.expect(b'}');
+            }
+        }
+    }
+
+    /// Skips a value, checking it is well formed.
+    fn skip(&mut self) -> Option<()> {
+        // The open containers, the innermost in the lowest bit (set for an object).
+        let mut objects: u64 = 0;
+        let mut depth = 0usize;
+        loop {
+            match self.peek()? {
+                open @ (b'{' | b'[') => {
+                    self.i += 1;
+                    if depth == MAX_DEPTH {
+                        return None;
+                    }
+                    let object = open == b'{';
+                    if !self.eat(if object { b'}' } else { b']' }) {
+                        depth += 1;
+                        objects = objects << 1 | u64::from(object);
+                        if object {
+                            self.key()?;
+                        }
+                        // Its first value.
+                        continue;
+                    }
                 }
-                // An envelope, a transaction marker or a schema change: the full parse.
-                "payload" | "schema" | "status" | "ddl" | "tableChanges" => {
-                    return Err(de::Error::custom("not a bare change event"));
+                b'"' => {
+                    if let Str::Escaped(literal) = self.string()? {
+                        serde_json::from_str::<Json>(literal).ok()?;
+                    }
                 }
                 _ => {
-                    map.next_value::<IgnoredAny>()?;
+                    self.scalar()?;
                 }
             }
-        }
-        Ok(p)
-    }
-}
-
-struct ColumnsSeed<'a>(Columns<'a>);
-
-impl<'de> de::Deserialize<'de> for ColumnsSeed<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ColumnsSeed<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a row image")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut columns = Vec::with_capacity(map.size_hint().unwrap_or(16));
-                while let Some((name, cell)) = map.next_entry::<&'de str, CellSeed>()? {
-                    columns.push((name, cell.0));
+            // After a value: the next one in its container, or the end of containers.
+            loop {
+                if depth == 0 {
+                    return Some(());
                 }
-                Ok(ColumnsSeed(Columns(columns)))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-struct SourceSeed<'a>(Source<'a>);
-
-impl<'de> de::Deserialize<'de> for SourceSeed<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = SourceSeed<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a source block")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut s = Source::default();
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    let slot = match key {
-                        "table" => &mut s.table,
-                        "schema" => &mut s.schema,
-                        "db" => &mut s.db,
-                        "connector" => &mut s.connector,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
+                let object = objects & 1 == 1;
+                match self.peek()? {
+                    b',' => {
+                        self.i += 1;
+                        if object {
+                            self.key()?;
                         }
-                    };
-                    // A name that is not a plain string (null, a number, escapes): the full
-                    // parse decides what it means.
-                    *slot = Some(map.next_value::<&'de str>()?);
+                        break;
+                    }
+                    c if c == if object { b'}' } else { b']' } => {
+                        self.i += 1;
+                        depth -= 1;
+                        objects >>= 1;
+                    }
+                    _ => return None,
                 }
-                Ok(SourceSeed(s))
             }
         }
-        d.deserialize_map(V)
+    }
+
+    /// `true`, `false`, `null` or a number, as JSON.
+    fn scalar(&mut self) -> Option<Json> {
+        let rest = &self.bytes()[self.i..];
+        let (word, value): (&[u8], _) = match rest.first()? {
+            b'n' => (b"null", Json::Null),
+            b't' => (b"true", Json::Bool(true)),
+            b'f' => (b"false", Json::Bool(false)),
+            _ => return self.number(),
+        };
+        if !rest.starts_with(word) {
+            return None;
+        }
+        self.i += word.len();
+        Some(value)
+    }
+
+    /// A number, checked against JSON's grammar: short integers read here, anything else as
+    /// serde_json reads it (its float parsing and range errors, exactly as the full parse).
+    fn number(&mut self) -> Option<Json> {
+        let b = self.bytes();
+        let start = self.i;
+        let negative = b.get(start) == Some(&b'-');
+        let mut j = start + usize::from(negative);
+        let int_start = j;
+        let mut n: i64 = 0;
+        while let Some(d) = b.get(j).filter(|c| c.is_ascii_digit()) {
+            n = n.wrapping_mul(10).wrapping_add(i64::from(d - b'0'));
+            j += 1;
+        }
+        let int_digits = j - int_start;
+        if int_digits == 0 || int_digits > 1 && b[int_start] == b'0' {
+            return None;
+        }
+        let mut exact = int_digits <= 18 && !(negative && n == 0);
+        let mut digits = |j: &mut usize| {
+            let from = *j;
+            while b.get(*j).is_some_and(u8::is_ascii_digit) {
+                *j += 1;
+            }
+            exact = false;
+            *j > from
+        };
+        if b.get(j) == Some(&b'.') {
+            j += 1;
+            if !digits(&mut j) {
+                return None;
+            }
+        }
+        if matches!(b.get(j), Some(b'e' | b'E')) {
+            j += 1;
+            if matches!(b.get(j), Some(b'+' | b'-')) {
+                j += 1;
+            }
+            if !digits(&mut j) {
+                return None;
+            }
+        }
+        self.i = j;
+        if exact {
+            return Some(Json::from(if negative { -n } else { n }));
+        }
+        serde_json::from_str(&self.text[start..j]).ok()
+    }
+
+    /// Any value, as JSON.
+    fn value(&mut self) -> Option<Json> {
+        match self.peek()? {
+            b'"' => match self.string()? {
+                Str::Plain(s) => Some(Json::String(s.to_owned())),
+                Str::Escaped(literal) => serde_json::from_str(literal).ok(),
+            },
+            b'{' | b'[' => {
+                let start = self.i;
+                self.skip()?;
+                serde_json::from_str(&self.text[start..self.i]).ok()
+            }
+            _ => self.scalar(),
+        }
+    }
+
+    /// A column's value: a string without escapes borrowed from the line, anything else as
+    /// JSON.
+    fn cell(&mut self) -> Option<Cell<'a>> {
+        if self.peek()? == b'"' {
+            return match self.string()? {
+                Str::Plain(s) => Some(Cell::Str(s)),
+                Str::Escaped(literal) => serde_json::from_str(literal)
+                    .ok()
+                    .map(|s| Cell::Json(Cow::Owned(Json::String(s)))),
+            };
+        }
+        self.value().map(|v| Cell::Json(Cow::Owned(v)))
+    }
+
+    /// `null` or an object of columns.
+    fn image(&mut self) -> Option<Option<Columns<'a>>> {
+        match self.peek()? {
+            b'n' => self.scalar().filter(Json::is_null).map(|_| None),
+            b'{' => {
+                self.i += 1;
+                let mut columns = Vec::with_capacity(16);
+                self.members(|scan, name| {
+                    columns.push((name, scan.cell()?));
+                    Some(())
+                })?;
+                Some(Some(Columns(columns)))
+            }
+            _ => None,
+        }
+    }
+
+    fn source(&mut self) -> Option<Source<'a>> {
+        self.expect(b'{')?;
+        let mut s = Source::default();
+        self.members(|scan, key| {
+            let slot = match key {
+                "table" => &mut s.table,
+                "schema" => &mut s.schema,
+                "db" => &mut s.db,
+                "connector" => &mut s.connector,
+                _ => return scan.skip(),
+            };
+            // A name that is not a plain string (null, a number, escapes): the full parse
+            // decides what it means.
+            *slot = Some(scan.plain()?);
+            Some(())
+        })?;
+        Some(s)
+    }
+
+    /// `null` (`None`), or a `transaction` block (`Some(None)` without its three fields).
+    fn transaction(&mut self) -> Option<Option<Option<TxnRef>>> {
+        if self.peek()? == b'n' {
+            return self.scalar().filter(Json::is_null).map(|_| None);
+        }
+        self.expect(b'{')?;
+        let (mut id, mut total_order, mut order) = (None, None, None);
+        self.members(|scan, key| {
+            let slot = match key {
+                "id" => &mut id,
+                "total_order" => &mut total_order,
+                "data_collection_order" => &mut order,
+                _ => return scan.skip(),
+            };
+            *slot = Some(scan.value()?);
+            Some(())
+        })?;
+        Some(Some(transaction_from(
+            id,
+            total_order.as_ref(),
+            order.as_ref(),
+        )))
     }
 }
 
-/// A column value: a string without escapes borrowed from the line, anything else as JSON.
-struct CellSeed<'a>(Cell<'a>);
-
-impl<'de> de::Deserialize<'de> for CellSeed<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        fn json<'de>(v: Json) -> CellSeed<'de> {
-            CellSeed(Cell::Json(Cow::Owned(v)))
+/// The position of the first `"` or `\\` in `b` from `from`, eight bytes at a time (strings
+/// are mostly short, where a vectorized search's setup costs more than it saves).
+fn quote_or_backslash(b: &[u8], from: usize) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // The high bit of each byte of `x` equal to `c` (and perhaps of bytes after the first
+    // such byte, which the lowest set bit ignores).
+    let equal = |x: u64, c: u8| {
+        let y = x ^ (ONES * u64::from(c));
+        y.wrapping_sub(ONES) & !y & HIGHS
+    };
+    let mut j = from;
+    while let Some(word) = b.get(j..j + 8) {
+        let x = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        let found = equal(x, b'"') | equal(x, b'\\');
+        if found != 0 {
+            return Some(j + found.trailing_zeros() as usize / 8);
         }
-        impl<'de> Visitor<'de> for V {
-            type Value = CellSeed<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a column value")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
-                Ok(CellSeed(Cell::Str(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(json(Json::String(s.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
-                Ok(json(Json::String(s)))
-            }
-            fn visit_bool<E: de::Error>(self, b: bool) -> Result<Self::Value, E> {
-                Ok(json(Json::Bool(b)))
-            }
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
-                Ok(json(Json::from(n)))
-            }
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
-                Ok(json(Json::from(n)))
-            }
-            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
-                Ok(json(Json::from(n)))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(json(Json::Null))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                Json::deserialize(SeqAccessDeserializer::new(seq)).map(json)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                Json::deserialize(MapAccessDeserializer::new(map)).map(json)
-            }
-        }
-        d.deserialize_any(V)
+        j += 8;
     }
+    b[j..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|k| j + k)
 }
 
-/// A `transaction` block's three fields, as JSON (their types are checked after).
-#[derive(Default)]
-struct TxnSeed {
-    id: Option<Json>,
-    total_order: Option<Json>,
-    order: Option<Json>,
-}
-
-impl<'de> de::Deserialize<'de> for TxnSeed {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = TxnSeed;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a transaction block")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut t = TxnSeed::default();
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    let slot = match key {
-                        "id" => &mut t.id,
-                        "total_order" => &mut t.total_order,
-                        "data_collection_order" => &mut t.order,
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = Some(map.next_value()?);
-                }
-                Ok(t)
-            }
-        }
-        d.deserialize_map(V)
+/// Reads `line` as a bare change event's payload: what the parse reads of it.
+fn read_payload(line: &str) -> Option<Payload<'_>> {
+    // Control characters (tabs and line ends included) are rare enough to leave to the full
+    // parse, which keeps the scan's whitespace to spaces and its strings free of them.
+    let control = |chunk: &[u8]| chunk.iter().fold(false, |any, &c| any | (c < 0x20));
+    if line.as_bytes().chunks(64).any(control) {
+        return None;
     }
+    let mut scan = Scan { text: line, i: 0 };
+    scan.expect(b'{')?;
+    let mut p = Payload::default();
+    scan.members(|scan, key| {
+        match key {
+            "op" => p.op = Some(scan.plain()?),
+            "before" => p.before = scan.image()?,
+            "after" => p.after = scan.image()?,
+            "source" => p.source = Some(scan.source()?),
+            "transaction" => p.transaction = scan.transaction()?,
+            // An envelope, a transaction marker or a schema change: the full parse.
+            "payload" | "schema" | "status" | "ddl" | "tableChanges" => return None,
+            _ => scan.skip()?,
+        }
+        Some(())
+    })?;
+    // Nothing but whitespace after the object.
+    (scan.peek().is_none()).then_some(p)
 }

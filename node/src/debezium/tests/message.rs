@@ -580,9 +580,43 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
         r#"{"op":"c","after":{"id":1,"qty":1,"id":2,"qty":3},"source":{"schema":"public","table":"orders"},"op":"c"}"#
             .to_owned(),
     );
+    // The scanner's own ground: spaces between tokens, numbers of every JSON form, escapes
+    // and nesting in fields it skips, literals.
+    let src = r#""source":{"schema":"public","table":"orders","extra":[1,{"k":"v\u0041"},[],{}],"n":null}"#;
+    for line in [
+        format!(r#" {{ "op" : "c" , "after" : {{ "id" : 1 , "qty" : 2 }} , {src} }} "#),
+        format!(r#"{{"op":"c","after":{{"id":-7,"qty":0,"price":"-0.50"}},{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":123456789012345678,"qty":3}},{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"ts_ms":1.5e3,"x":-0,"y":1E-2,{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"x":[true,false,null,"a\"b"],{src}}}"#),
+        format!(
+            r#"{{"op":"c","after":{{"id":1,"qty":2,"note":"\u00e9\n"}},{src},"transaction":{{"id":"t\"1","total_order":1,"data_collection_order":1}}}}"#
+        ),
+    ] {
+        taken.push(line);
+    }
     for line in &taken {
         let got = fast(line).unwrap_or_else(|| panic!("the one-pass read left {line} alone"));
         assert_eq!(got, full(line), "{line}");
+    }
+    // Numbers the full parse reads otherwise than as short integers, or refuses: whatever the
+    // one-pass read answers, it is the full parse's answer.
+    for (id, qty) in [
+        ("-0", "1"),
+        ("1.0", "2"),
+        ("12345678901234567890", "1"),
+        ("9223372036854775807", "1"),
+        ("1e400", "1"),
+        ("01", "1"),
+        ("1.", "1"),
+        ("-", "1"),
+        ("1", "2e0"),
+        ("1", "+2"),
+    ] {
+        let line = format!(r#"{{"op":"c","after":{{"id":{id},"qty":{qty}}},{src}}}"#);
+        if let Some(got) = fast(&line) {
+            assert_eq!(got, full(&line), "{line}");
+        }
     }
     let left = [
         envelope(event("c", Json::Null, row.clone(), None), orders_fields()),
@@ -604,6 +638,18 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
             .to_owned(),
         String::new(),
         "null".to_owned(),
+        // Malformed JSON the scanner must not take: a trailing comma, garbage after the
+        // object, a bad literal, an unclosed string, a bad escape in a skipped field, an
+        // unclosed array, a tab inside a string.
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},{src},}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},{src}}} x"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"x":nul,{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"x":"abc,{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"x":"a\qb",{src}}}"#),
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},"x":[1,2,{src}}}"#),
+        // A transaction id that is not a string or a number.
+        format!(r#"{{"op":"c","after":{{"id":1,"qty":2}},{src},"transaction":{{"id":{{"a":1}},"total_order":1,"data_collection_order":1}}}}"#),
+        format!("{{\"op\":\"c\",\"after\":{{\"id\":1,\"qty\":2,\"note\":\"a\tb\"}},{src}}}"),
     ];
     for line in &left {
         assert_eq!(fast(line), None, "{line}");
