@@ -98,6 +98,19 @@ impl ThreadCpu {
     }
 }
 
+/// Minor page faults of this process so far (every thread's, ended ones included), from
+/// `/proc/self/stat`.
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // minflt is field 10 of the line: the 8th after the command name's ')'.
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// Deletes what a run left in an S3 lake (a local lake goes with its data directory).
 fn clear_lake(lake: &LakeSpec) -> anyhow::Result<()> {
     use futures::TryStreamExt;
@@ -238,9 +251,10 @@ pub(super) fn run(
             |data: &std::path::Path,
              options: &retina_node::sink::SinkOptions,
              what: &str|
-             -> anyhow::Result<(f64, std::collections::HashMap<String, f64>)> {
+             -> anyhow::Result<(f64, std::collections::HashMap<String, f64>, u64)> {
                 let node = start_node(data)?;
                 let start = Instant::now();
+                let faults = minor_faults();
                 let cpu = ThreadCpu::start();
                 let report = run_sink(node.handle(), options);
                 anyhow::ensure!(
@@ -263,13 +277,17 @@ pub(super) fn run(
                 );
                 let rate = rows as f64 / start.elapsed().as_secs_f64();
                 let cpu = cpu.stop();
+                let faults = minor_faults().saturating_sub(faults);
                 node.shutdown();
                 std::fs::remove_dir_all(data)?;
                 clear_lake(&run_lake(data))?;
-                Ok((rate, cpu))
+                Ok((rate, cpu, faults))
             };
         // CPU µs per row by thread kind, per run at the default lane count.
         let mut cpu_per_row: std::collections::HashMap<String, Vec<f64>> = Default::default();
+        // Page faults per row (first touches of memory: their cost depends on the machine, and
+        // in a virtual machine on its host, so they explain runs of one build that differ).
+        let mut faults_per_row = Vec::new();
         for run in 0..runs {
             // From Debezium JSON: the decode lanes read and parse, the sink groups, routes and
             // encodes.
@@ -277,9 +295,10 @@ pub(super) fn run(
                 let data = dir.path().join(format!("json-{shards}-{lanes}-{run}"));
                 let mut options = file_sink(&settings, json.clone(), data.join("dead.jsonl"));
                 options.decode_lanes = *lanes;
-                let (rate, cpu) = timed_sink_run(&data, &options, "")?;
+                let (rate, cpu, faults) = timed_sink_run(&data, &options, "")?;
                 from_json.push(rate);
                 if *lanes == Settings::default().decode_lanes() {
+                    faults_per_row.push(faults as f64 / rows as f64);
                     let total: f64 = cpu.values().sum();
                     for (kind, secs) in cpu.into_iter().chain([("total".to_owned(), total)]) {
                         let per_row = secs * 1e6 / rows as f64;
@@ -361,6 +380,16 @@ pub(super) fn run(
             );
         }
         println!("        JSON replay, CPU µs per row: {}", line.join(", "));
+        if !faults_per_row.is_empty() {
+            let faults = median(&mut faults_per_row);
+            println!("        JSON replay, page faults per row: {faults:.3}");
+            let _ = record(
+                "replay",
+                &format!("json_page_faults_per_row_{shards}_shards{on}"),
+                faults,
+                "faults/row",
+            );
+        }
         if let Some(k) = k {
             let _ = record(
                 "replay",
