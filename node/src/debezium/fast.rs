@@ -17,17 +17,49 @@ use super::error::{DebeziumError, SourcePosition};
 use super::message::{ChangeEvent, ChangeOp, Message, TxnRef, parse_full, transaction_from};
 use super::value::{Cell, Image, ParseOptions, Rows, key_only};
 
-/// A row image: its columns as written (a repeated name: the last one counts, as in a map).
-struct Columns<'a>(Vec<(&'a str, Cell<'a>)>);
+/// A row image: its columns as written, each with whether it was taken.
+struct Columns<'a> {
+    list: Vec<(&'a str, Cell<'a>, bool)>,
+    /// Where the next column asked for probably is: events list columns in the table's order,
+    /// which is the order they are asked for in.
+    next: usize,
+    taken: usize,
+}
 
 impl<'a> Columns<'a> {
-    /// The column's value, taken out (each column is read once).
+    fn new(list: Vec<(&'a str, Cell<'a>, bool)>) -> Self {
+        Columns {
+            list,
+            next: 0,
+            taken: 0,
+        }
+    }
+
+    /// The column's value, taken out (each column is read once): the first of its name not
+    /// taken yet (see [`Self::took_the_last`] for names written twice).
     fn take(&mut self, name: &str) -> Option<Cell<'a>> {
-        self.0
-            .iter_mut()
-            .rev()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| std::mem::replace(v, Cell::Json(Cow::Owned(Json::Null))))
+        let i = match self.list.get(self.next) {
+            Some((k, _, false)) if *k == name => self.next,
+            _ => self
+                .list
+                .iter()
+                .position(|(k, _, taken)| !taken && *k == name)?,
+        };
+        self.next = i + 1;
+        self.taken += 1;
+        let (_, cell, taken) = &mut self.list[i];
+        *taken = true;
+        Some(std::mem::replace(cell, Cell::Json(Cow::Owned(Json::Null))))
+    }
+
+    /// Whether every column taken was the last of its name, as in a JSON map (where a name
+    /// written twice counts once, the last time): true unless a name taken is written again.
+    fn took_the_last(&self) -> bool {
+        self.taken == self.list.len()
+            || !self
+                .list
+                .iter()
+                .any(|(name, _, taken)| !taken && self.list.iter().any(|(k, _, t)| *t && k == name))
     }
 }
 
@@ -111,7 +143,9 @@ pub(super) fn parse_change(
     };
     let convert = |columns: &mut Option<Columns<'_>>, image: Image| {
         let columns = columns.as_mut()?;
-        rows.convert_from(|name| columns.take(name), image).ok()
+        let row = rows.convert_from(|name| columns.take(name), image).ok()?;
+        // A name written twice: the full parse reads it as a map does.
+        columns.took_the_last().then_some(row)
     };
     let change = match op {
         "c" => ChangeOp::Insert(convert(&mut payload.after, Image::After)?),
@@ -399,10 +433,10 @@ impl<'a> Scan<'a> {
                 self.i += 1;
                 let mut columns = Vec::with_capacity(16);
                 self.members(|scan, name| {
-                    columns.push((name, scan.cell()?));
+                    columns.push((name, scan.cell()?, false));
                     Some(())
                 })?;
-                Some(Some(Columns(columns)))
+                Some(Some(Columns::new(columns)))
             }
             _ => None,
         }
