@@ -325,8 +325,9 @@ impl Member {
     /// it expires; one whose lease is renewed belongs to a live node, and is an error.
     fn register(&self) -> Result<(), ClusterError> {
         let key = self.key(&format!("nodes/{}", self.node_id));
-        // The lease holding the id, and since when this node has seen it.
-        let mut holder: Option<(i64, Instant)> = None;
+        // The lease holding the id, since when this node has seen it, and the time it had left
+        // when this node last looked.
+        let mut holder: Option<(i64, Instant, i64)> = None;
         loop {
             let text = self.entry.lock().expect("entry lock").encode();
             let (done, answers) = self
@@ -351,12 +352,19 @@ impl Member {
             if held.lease == self.lease {
                 return Ok(());
             }
-            // Held longer than its lease was granted for: someone renews it.
-            let (ttl, granted) = self.etcd.time_to_live(held.lease).unwrap_or((-1, 0));
-            match holder {
-                Some((lease, since)) if lease == held.lease => {
-                    let granted = Duration::from_secs(granted.max(0).unsigned_abs());
-                    if since.elapsed() > granted + Duration::from_secs(1) {
+            // A lease no one renews only counts down, to nothing once its term has passed (etcd
+            // may take a while to revoke it then, longer when its disk is slow, so how long it
+            // is held proves nothing by itself). Time left that went up, or that is still there
+            // after a whole term, was renewed: by a live node.
+            let Ok((ttl, granted)) = self.etcd.time_to_live(held.lease) else {
+                // Not known this time: look again.
+                std::thread::sleep(CAMPAIGN_EVERY);
+                continue;
+            };
+            let since = match holder {
+                Some((lease, since, left)) if lease == held.lease => {
+                    let term = Duration::from_secs(granted.max(0).unsigned_abs());
+                    if ttl > left || (ttl > 0 && since.elapsed() > term + Duration::from_secs(1)) {
                         let advertise = NodeEntry::decode(&held.value)
                             .map(|e| e.advertise)
                             .unwrap_or_default();
@@ -368,6 +376,7 @@ impl Member {
                             ),
                         ));
                     }
+                    since
                 }
                 _ => {
                     tracing::warn!(
@@ -376,9 +385,10 @@ impl Member {
                         self.node_id,
                         self.spec
                     );
-                    holder = Some((held.lease, Instant::now()));
+                    Instant::now()
                 }
-            }
+            };
+            holder = Some((held.lease, since, ttl));
             std::thread::sleep(CAMPAIGN_EVERY);
         }
     }
