@@ -126,13 +126,19 @@ pub(crate) fn percentile(v: &mut [f64], p: usize) -> Option<f64> {
         .copied()
 }
 
-/// A `/proc/.../stat` line's command name and the CPU seconds used (user + system).
-pub(crate) fn proc_stat_cpu(stat: &str) -> Option<(&str, f64)> {
+/// A `/proc/.../stat` line's command name and the fields after it (the line's third field is
+/// the first of them).
+pub(crate) fn proc_stat_fields(stat: &str) -> Option<(&str, Vec<&str>)> {
     // Fields after the command name (which may hold spaces or parentheses) start after the
     // last ')'.
     let (head, rest) = stat.rsplit_once(')')?;
     let name = head.split_once('(').map_or("", |(_, n)| n);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((name, rest.split_whitespace().collect()))
+}
+
+/// A `/proc/.../stat` line's command name and the CPU seconds used (user + system).
+pub(crate) fn proc_stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    let (name, fields) = proc_stat_fields(stat)?;
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name, in
     // USER_HZ ticks, which Linux fixes at 100 per second in what /proc shows.

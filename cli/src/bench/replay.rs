@@ -17,7 +17,7 @@ use retina_node::settings::Settings;
 use retina_node::sink::kafka::{KafkaSpec, produce_lines};
 use retina_node::sink::{SourceSpec, run_sink};
 
-use crate::measure::{file_sink, median, node_with_lake, proc_stat_cpu};
+use crate::measure::{file_sink, median, node_with_lake, proc_stat_cpu, proc_stat_fields};
 
 /// CPU time per kind of thread of this process while a replay runs, from
 /// `/proc/self/task/*/stat`, sampled every 20 ms so that threads which end with the run (the
@@ -104,9 +104,9 @@ fn minor_faults() -> u64 {
     std::fs::read_to_string("/proc/self/stat")
         .ok()
         .and_then(|stat| {
-            // minflt is field 10 of the line: the 8th after the command name's ')'.
-            let (_, rest) = stat.rsplit_once(')')?;
-            rest.split_whitespace().nth(7)?.parse().ok()
+            // minflt is field 10 of the line: the 8th after the command name.
+            let (_, fields) = proc_stat_fields(&stat)?;
+            fields.get(7)?.parse().ok()
         })
         .unwrap_or(0)
 }

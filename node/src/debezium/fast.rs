@@ -395,6 +395,11 @@ impl<'a> Scan<'a> {
         serde_json::from_str(&self.text[start..j]).ok()
     }
 
+    /// `null`.
+    fn null(&mut self) -> Option<()> {
+        self.scalar()?.is_null().then_some(())
+    }
+
     /// Any value, as JSON.
     fn value(&mut self) -> Option<Json> {
         match self.peek()? {
@@ -428,7 +433,7 @@ impl<'a> Scan<'a> {
     /// `null` or an object of columns.
     fn image(&mut self) -> Option<Option<Columns<'a>>> {
         match self.peek()? {
-            b'n' => self.scalar().filter(Json::is_null).map(|_| None),
+            b'n' => self.null().map(|()| None),
             b'{' => {
                 self.i += 1;
                 let mut columns = Vec::with_capacity(16);
@@ -464,7 +469,7 @@ impl<'a> Scan<'a> {
     /// `null` (`None`), or a `transaction` block (`Some(None)` without its three fields).
     fn transaction(&mut self) -> Option<Option<Option<TxnRef>>> {
         if self.peek()? == b'n' {
-            return self.scalar().filter(Json::is_null).map(|_| None);
+            return self.null().map(|()| None);
         }
         self.expect(b'{')?;
         let (mut id, mut total_order, mut order) = (None, None, None);
