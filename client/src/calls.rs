@@ -454,6 +454,8 @@ pub async fn write_buffer(
             rows: part.get_rows(),
             deleted: bitmap_words(part.get_deleted()?),
             data,
+            bytes: Some(part.get_bytes()).filter(|&b| b > 0),
+            max_create_ts: Some(part.get_max_create_ts()).filter(|&t| t != u64::MAX),
         });
     }
     Ok(out)

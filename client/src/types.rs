@@ -73,6 +73,11 @@ pub struct BufferPart {
     /// Bit i = row `offset + i` of the file, 1 = deleted at the snapshot.
     pub deleted: Vec<u64>,
     pub data: PartData,
+    /// A [`PartData::Path`] object's size, where the node knows it.
+    pub bytes: Option<u64>,
+    /// The newest `_create_ts` of a [`PartData::Path`] object's rows, where the node knows
+    /// it: a snapshot at or after it needs no look at `_create_ts`.
+    pub max_create_ts: Option<u64>,
 }
 
 /// A table read at one snapshot.

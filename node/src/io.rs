@@ -152,7 +152,7 @@ async fn handle_io(
             let result = file::flush_block(store, &schema, config, &job)
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|()| sync_object(lake, &job.path));
+                .and_then(|bytes| sync_object(lake, &job.path).map(|()| bytes));
             let _ = reply
                 .send_async(ShardMsg::Flushed {
                     table,

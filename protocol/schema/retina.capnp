@@ -128,6 +128,12 @@ struct BufferPart {
     memory @4 :Data;     # Arrow IPC stream: the rows, with _create_ts
     path @5 :Text;       # a Parquet object to read (a flushed block or a newly combined file)
   }
+  # What the node knows of a path's object, so a reader can skip work; absent where it is not
+  # known (a block flushed before the node restarted).
+  bytes @6 :UInt64;      # the object's size; 0 = not known (the reader asks the store)
+  maxCreateTs @7 :UInt64 = 0xffffffffffffffff;
+                         # the newest _create_ts of its rows: a snapshot at or after it sees
+                         # every row the bitmap keeps; the default = not known
 }
 
 struct QueryResult {

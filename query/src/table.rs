@@ -78,6 +78,18 @@ pub fn user_schema(table: &TableInfo) -> SchemaRef {
     Arc::new(user.expect("the user's columns are a prefix of the stored ones"))
 }
 
+/// A write-buffer part in the object store: a flushed block, a segment, or a file combined
+/// after the plan was made.
+struct ObjectPart {
+    path: String,
+    rows: u64,
+    bytes: Option<u64>,
+    /// Every row was created by the snapshot (or visibility is not checked).
+    settled: bool,
+    /// Bit i = the object's row i, 1 = deleted at the snapshot.
+    deleted: Vec<u64>,
+}
+
 /// One contiguous run of a file's row groups that one partition reads.
 struct Unit {
     file: usize,
@@ -276,7 +288,6 @@ impl TableProvider for RetinaTable {
         // the query runs, pruned by their statistics.
         let mut memory = Vec::new();
         let mut objects = Vec::new();
-        let mut object_rows = 0u64;
         for part in buffers.into_iter().flatten() {
             match &part.data {
                 PartData::Memory(batches) => memory.extend(memory_part(
@@ -288,10 +299,14 @@ impl TableProvider for RetinaTable {
                     &out_schema,
                     check,
                 )?),
-                PartData::Path(path) => {
-                    object_rows += part.rows;
-                    objects.push((format!("{prefix}{path}"), part.deleted));
-                }
+                PartData::Path(path) => objects.push(ObjectPart {
+                    path: format!("{prefix}{path}"),
+                    rows: part.rows,
+                    bytes: part.bytes,
+                    // Every row created by the snapshot: `_create_ts` need not be read.
+                    settled: !check || part.max_create_ts.is_some_and(|t| t <= snapshot.get()),
+                    deleted: part.deleted,
+                }),
             }
         }
         tracing::debug!(
@@ -301,23 +316,41 @@ impl TableProvider for RetinaTable {
             rows_in_memory = memory.iter().map(RecordBatch::num_rows).sum::<usize>(),
             "scan"
         );
-        if !objects.is_empty() {
+        // Sizes the node did not know (blocks flushed before it restarted) come from the store.
+        let unknown: Vec<usize> = (0..objects.len())
+            .filter(|&i| objects[i].bytes.is_none())
+            .collect();
+        if !unknown.is_empty() {
             let store = state.runtime_env().object_store(&url)?;
-            let sizes = try_join_all(objects.iter().map(|(path, _)| {
+            let sizes = try_join_all(unknown.iter().map(|&i| {
                 let store = store.clone();
-                let path = Path::from(path.as_str());
+                let path = Path::from(objects[i].path.as_str());
                 async move { store.head(&path).await }
             }))
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            // Deleted rows are dropped by their number in the block, as in masked row groups.
-            let tagged = check && objects.iter().any(|(_, d)| d.iter().any(|&w| w != 0));
+            for (i, meta) in unknown.into_iter().zip(sizes) {
+                objects[i].bytes = Some(meta.size);
+            }
+        }
+        // Objects whose rows the snapshot all sees are read like plain files; the others with
+        // `_create_ts`, kept at or before the snapshot.
+        let (settled, recent): (Vec<ObjectPart>, Vec<ObjectPart>) =
+            objects.into_iter().partition(|o| o.settled);
+        for (objects, settled) in [(settled, true), (recent, false)] {
+            if objects.is_empty() {
+                continue;
+            }
+            let rows: u64 = objects.iter().map(|o| o.rows).sum();
+            let created = check && !settled;
+            // Deleted rows are dropped by their number in the object, as in masked row groups.
+            let tagged = check && objects.iter().any(|o| o.deleted.iter().any(|&w| w != 0));
             let blocks: Vec<PartitionedFile> = objects
                 .iter()
-                .zip(&sizes)
                 .enumerate()
-                .map(|(i, ((path, _), meta))| {
-                    let mut pf = PartitionedFile::new(path.clone(), meta.size);
+                .map(|(i, o)| {
+                    let bytes = o.bytes.expect("every object's size is known by now");
+                    let mut pf = PartitionedFile::new(o.path.clone(), bytes);
                     if tagged {
                         pf.partition_values = vec![ScalarValue::UInt32(Some(i as u32))];
                     }
@@ -329,35 +362,36 @@ impl TableProvider for RetinaTable {
                 .map(<[_]>::to_vec)
                 .collect();
             let mut columns = projection.clone();
-            if check {
+            if created {
                 columns.push(ts);
             }
             if tagged {
                 let n = file_schema.fields().len();
                 columns.extend([n, n + 1]);
             }
+            let filtered = created || tagged;
             let input = scan_exec(
                 state,
                 &url,
                 groups,
-                object_rows,
+                rows,
                 &file_schema,
-                if check {
-                    Some(created_predicate)
+                if created {
+                    Some(created_predicate.clone())
                 } else {
                     predicate.clone()
                 },
                 columns,
-                if check { None } else { limit },
+                if filtered { None } else { limit },
                 tagged,
                 false,
             )?;
-            if check {
+            if filtered {
                 let live = Liveness {
                     at: projection.len(),
-                    created_by: Some(snapshot.get() as i64),
+                    created_by: created.then_some(snapshot.get() as i64),
                     bitmaps: tagged
-                        .then(|| Arc::new(objects.into_iter().map(|(_, d)| d).collect())),
+                        .then(|| Arc::new(objects.into_iter().map(|o| o.deleted).collect())),
                 };
                 inputs.push(Arc::new(LiveRowsExec::try_new(input, live)?));
             } else {

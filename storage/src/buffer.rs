@@ -254,14 +254,23 @@ enum BlockState {
     /// In memory and being written; readers still use the memory copy.
     Flushing(RecordBatch),
     /// In the object store at [`block_path`]; the memory copy is gone.
-    Flushed,
+    Flushed(ObjectFacts),
 }
 
 /// What a reader gets for one block of the buffer.
 #[derive(Clone, Debug)]
 pub enum BlockData {
     Memory(RecordBatch),
-    Object(Path),
+    Object(Path, ObjectFacts),
+}
+
+/// What a reader can know of an object without opening it: its size (a read needs no `HEAD`)
+/// and its rows' newest creation time (a snapshot at or after it reads no `_create_ts`).
+/// `None` where it is not known: a block flushed before a restart (checkpoints keep neither).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectFacts {
+    pub bytes: Option<u64>,
+    pub max_create_ts: Option<Timestamp>,
 }
 
 /// One block of the buffer as a reader sees it, with the rows' place in their file.
@@ -285,7 +294,7 @@ pub struct VirtualFile {
     combining: bool,
     /// Segments written: segment `k` holds blocks `k * segment_blocks` on, `segment_blocks`
     /// of them; readers use them in place of those blocks.
-    segments: u32,
+    segments: Vec<ObjectFacts>,
     /// Whether segment `segments` is being written.
     segment_in_flight: bool,
 }
@@ -390,7 +399,7 @@ impl WriteBuffer {
             sealed: Vec::new(),
             active: None,
             combining: false,
-            segments: 0,
+            segments: Vec::new(),
             segment_in_flight: false,
         });
         NewFile {
@@ -452,14 +461,18 @@ impl WriteBuffer {
         jobs
     }
 
-    /// The block is durable in the object store: drop its memory copy.
-    pub fn flush_done(&mut self, block: BlockId) {
+    /// The block is durable in the object store, `bytes` long: drop its memory copy.
+    pub fn flush_done(&mut self, block: BlockId, bytes: u64) {
+        let ts = self.schema.create_ts_index();
         if let Some(state) = self.block_state(block) {
-            assert!(
-                matches!(state, BlockState::Flushing(_)),
-                "{block:?} was not flushing"
-            );
-            *state = BlockState::Flushed;
+            let BlockState::Flushing(batch) = state else {
+                panic!("{block:?} was not flushing");
+            };
+            let facts = ObjectFacts {
+                bytes: Some(bytes),
+                max_create_ts: max_create_ts(batch, ts),
+            };
+            *state = BlockState::Flushed(facts);
         }
     }
 
@@ -486,7 +499,7 @@ impl WriteBuffer {
     pub fn take_combine_job(&mut self) -> Option<CombineJob> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
-        let flushed = |s: &BlockState| matches!(s, BlockState::Flushed);
+        let flushed = |s: &BlockState| matches!(s, BlockState::Flushed(_));
         let block = |file: FileId, index: u32| block_path(table, BlockId { file, index });
         if let Some(file) = self.files.iter_mut().find(|f| {
             !f.combining
@@ -499,7 +512,7 @@ impl WriteBuffer {
             let blocks = file.sealed.len() as u32;
             let id = file.id;
             // Read the segments in place of their blocks.
-            let segments: Vec<Path> = (0..file.segments)
+            let segments: Vec<Path> = (0..file.segments.len() as u32)
                 .map(|k| {
                     segment_path(
                         table,
@@ -512,7 +525,7 @@ impl WriteBuffer {
                 })
                 .collect();
             let mut sources = segments.clone();
-            sources.extend((file.segments * seg..blocks).map(|i| block(id, i)));
+            sources.extend((file.segments.len() as u32 * seg..blocks).map(|i| block(id, i)));
             // (A segment written before a restart is known to no checkpoint: recovery deleted
             // it with the other objects no shard reads.)
             let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
@@ -526,7 +539,7 @@ impl WriteBuffer {
             });
         }
         let file = self.files.iter_mut().find(|f| {
-            let next = (f.segments * seg) as usize;
+            let next = f.segments.len() * seg as usize;
             !f.combining
                 && !f.segment_in_flight
                 && f.rows < f.capacity
@@ -535,7 +548,7 @@ impl WriteBuffer {
                     .is_some_and(|run| run.iter().all(flushed))
         })?;
         file.segment_in_flight = true;
-        let first = file.segments * seg;
+        let first = file.segments.len() as u32 * seg;
         let id = file.id;
         Some(CombineJob {
             file: id,
@@ -553,9 +566,9 @@ impl WriteBuffer {
         })
     }
 
-    /// The combination is durable. A combined file's virtual file leaves the buffer (and is
-    /// returned); readers use a segment from now on.
-    pub fn combine_done(&mut self, job: &CombineJob) -> Option<VirtualFile> {
+    /// The combination is durable, as `facts` say. A combined file's virtual file leaves the
+    /// buffer (and is returned); readers use a segment from now on.
+    pub fn combine_done(&mut self, job: &CombineJob, facts: ObjectFacts) -> Option<VirtualFile> {
         let at = self.files.iter().position(|f| f.id == job.file);
         match job.kind {
             CombineKind::File { .. } => {
@@ -570,7 +583,7 @@ impl WriteBuffer {
                     f.id
                 );
                 f.segment_in_flight = false;
-                f.segments += 1;
+                f.segments.push(facts);
                 None
             }
         }
@@ -596,7 +609,7 @@ impl WriteBuffer {
         let mut out = Vec::new();
         for file in &self.files {
             let mut offset = 0u64;
-            for k in 0..file.segments {
+            for (k, facts) in (0u32..).zip(&file.segments) {
                 let id = BlockId {
                     file: file.id,
                     index: k * seg,
@@ -606,11 +619,11 @@ impl WriteBuffer {
                     id,
                     offset,
                     rows,
-                    data: BlockData::Object(segment_path(table, id, seg)),
+                    data: BlockData::Object(segment_path(table, id, seg), *facts),
                 });
                 offset += rows;
             }
-            let covered = (file.segments * seg) as usize;
+            let covered = file.segments.len() * seg as usize;
             for (index, state) in file.sealed.iter().enumerate().skip(covered) {
                 let id = BlockId {
                     file: file.id,
@@ -621,9 +634,9 @@ impl WriteBuffer {
                         (b.num_rows() as u64, BlockData::Memory(b.clone()))
                     }
                     // Every sealed block is full.
-                    BlockState::Flushed => (
+                    BlockState::Flushed(facts) => (
                         self.block_rows as u64,
-                        BlockData::Object(block_path(table, id)),
+                        BlockData::Object(block_path(table, id), *facts),
                     ),
                 };
                 out.push(BufferBlock {
@@ -678,6 +691,13 @@ impl WriteBuffer {
     }
 }
 
+/// The newest `_create_ts` of `batch`'s rows (its column `ts`), if it has rows.
+fn max_create_ts(batch: &RecordBatch, ts: usize) -> Option<Timestamp> {
+    let column = batch.column(ts).as_any().downcast_ref::<Int64Array>()?;
+    let max = arrow::compute::max(column)?;
+    Timestamp::new(u64::try_from(max).ok()?).ok()
+}
+
 /// A sealed block as a checkpoint holds it.
 pub enum BlockImage {
     /// In the object store at [`block_path`].
@@ -723,7 +743,7 @@ impl WriteBuffer {
                             BlockState::Immutable(b) | BlockState::Flushing(b) => {
                                 BlockImage::Memory(b.clone())
                             }
-                            BlockState::Flushed => BlockImage::Flushed,
+                            BlockState::Flushed(_) => BlockImage::Flushed,
                         })
                         .collect(),
                     active: f
@@ -742,7 +762,7 @@ impl WriteBuffer {
         let mut out = Vec::new();
         for f in &self.files {
             for (index, s) in f.sealed.iter().enumerate() {
-                if matches!(s, BlockState::Flushed) {
+                if matches!(s, BlockState::Flushed(_)) {
                     out.push(block_path(
                         table,
                         BlockId {
@@ -791,7 +811,8 @@ impl WriteBuffer {
             let mut sealed = Vec::with_capacity(f.sealed.len());
             for b in f.sealed {
                 sealed.push(match b {
-                    BlockImage::Flushed => BlockState::Flushed,
+                    // Checkpoints keep no facts of an object.
+                    BlockImage::Flushed => BlockState::Flushed(ObjectFacts::default()),
                     BlockImage::Memory(batch) => {
                         if batch.num_rows() != block_rows
                             || batch.schema() != *schema.arrow_schema()
@@ -836,7 +857,7 @@ impl WriteBuffer {
                 sealed,
                 active,
                 combining: false,
-                segments: 0,
+                segments: Vec::new(),
                 segment_in_flight: false,
             });
         }
@@ -891,7 +912,7 @@ mod tests {
 
     fn flush_all(b: &mut WriteBuffer) {
         for job in b.take_flush_jobs() {
-            b.flush_done(job.block);
+            b.flush_done(job.block, 1);
         }
     }
 
@@ -901,7 +922,7 @@ mod tests {
             .into_iter()
             .map(|x| {
                 let path = match x.data {
-                    BlockData::Object(p) => Some(p.to_string()),
+                    BlockData::Object(p, _) => Some(p.to_string()),
                     BlockData::Memory(_) => None,
                 };
                 (x.id.index, x.offset, x.rows, path)
@@ -938,7 +959,7 @@ mod tests {
         assert!(b.take_combine_job().is_none());
         // Until it is written, readers read the blocks.
         assert_eq!(layout(&b).len(), 4);
-        b.combine_done(&job);
+        b.combine_done(&job, ObjectFacts::default());
         let seg = Some(segment_path("t", BlockId { file: f, index: 0 }, 2).to_string());
         let block2 = Some(block_path("t", BlockId { file: f, index: 2 }).to_string());
         assert_eq!(
@@ -954,6 +975,51 @@ mod tests {
     }
 
     #[test]
+    fn readers_get_the_facts_of_flushed_blocks_and_segments_and_none_after_a_checkpoint() {
+        let mut b = buffer();
+        for i in 0..64 * 3 {
+            if b.needs_file() {
+                b.start_file(FileId(1));
+            }
+            // Row i created at 10 + i: block k's newest row is 10 + 64k + 63.
+            b.append(&vec![Value::Int(i)], Timestamp::new(10 + i as u64).unwrap());
+        }
+        for job in b.take_flush_jobs() {
+            b.flush_done(job.block, 1000 + u64::from(job.block.index));
+        }
+        let facts = |b: &WriteBuffer| -> Vec<ObjectFacts> {
+            b.blocks()
+                .into_iter()
+                .filter_map(|x| match x.data {
+                    BlockData::Object(_, f) => Some(f),
+                    BlockData::Memory(_) => None,
+                })
+                .collect()
+        };
+        let known = |bytes: u64, ts: u64| ObjectFacts {
+            bytes: Some(bytes),
+            max_create_ts: Some(Timestamp::new(ts).unwrap()),
+        };
+        assert_eq!(
+            facts(&b),
+            [known(1000, 73), known(1001, 137), known(1002, 201)]
+        );
+        let job = b.take_combine_job().unwrap();
+        b.combine_done(&job, known(5000, 137));
+        assert_eq!(facts(&b), [known(5000, 137), known(1002, 201)]);
+        // A checkpoint keeps the flushed blocks, not what was known of them.
+        let config = StorageConfig {
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 384,
+            zstd_level: 0,
+        };
+        let restored = WriteBuffer::from_image(b.schema().clone(), &config, b.image()).unwrap();
+        assert_eq!(facts(&restored), [ObjectFacts::default(); 3]);
+    }
+
+    #[test]
     fn a_failed_segment_is_offered_again_and_a_full_file_reads_its_segments() {
         let mut b = buffer();
         append(&mut b, 64 * 4);
@@ -962,7 +1028,7 @@ mod tests {
         b.combine_failed(&job);
         let again = b.take_combine_job().unwrap();
         assert_eq!(again.kind, job.kind);
-        b.combine_done(&again);
+        b.combine_done(&again, ObjectFacts::default());
         let next = b.take_combine_job().unwrap();
         assert_eq!(
             next.kind,
@@ -975,7 +1041,7 @@ mod tests {
         append(&mut b, 128);
         flush_all(&mut b);
         assert!(b.take_combine_job().is_none());
-        b.combine_done(&next);
+        b.combine_done(&next, ObjectFacts::default());
         let f = FileId(1);
         let file = b.take_combine_job().expect("the full file combines");
         let seg = |index| segment_path("t", BlockId { file: f, index }, 2);
@@ -991,7 +1057,7 @@ mod tests {
         assert_eq!(retire, &expected);
         // The next file starts with no segment; the combined one leaves.
         append(&mut b, 1);
-        assert!(b.combine_done(&file).is_some());
+        assert!(b.combine_done(&file, ObjectFacts::default()).is_some());
         assert_eq!(layout(&b), [(0, 0, 1, None)]);
     }
 }

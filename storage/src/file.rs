@@ -22,7 +22,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::schema::types::ColumnPath;
 
-use crate::buffer::{CombineJob, CombineKind, FlushJob};
+use crate::buffer::{CombineJob, CombineKind, FlushJob, ObjectFacts};
 use crate::config::StorageConfig;
 use crate::error::{Result, StorageError};
 use crate::index::FileId;
@@ -96,6 +96,22 @@ pub struct CombinedFile {
     pub groups: Vec<RowGroupInfo>,
     /// The object's size.
     pub bytes: u64,
+}
+
+impl CombinedFile {
+    /// What a reader may know of the object without opening it.
+    pub fn facts(&self) -> ObjectFacts {
+        ObjectFacts {
+            bytes: Some(self.bytes),
+            max_create_ts: max_create_ts(&self.groups),
+        }
+    }
+}
+
+/// The newest creation time in row groups `groups`, if there is one.
+pub fn max_create_ts(groups: &[RowGroupInfo]) -> Option<Timestamp> {
+    let max = groups.iter().map(|g| g.max_create_ts).max()?;
+    Timestamp::new(max).ok()
 }
 
 /// How VFoR reads a row group at a snapshot.
@@ -323,13 +339,15 @@ pub async fn flush_block(
     schema: &TableSchema,
     config: &StorageConfig,
     job: &FlushJob,
-) -> Result<()> {
+) -> Result<u64> {
     let bytes = encode(
         schema,
         std::slice::from_ref(&job.batch),
         block_writer_properties(config),
     )?;
-    put_object(store, &job.path, bytes).await
+    let size = bytes.len() as u64;
+    put_object(store, &job.path, bytes).await?;
+    Ok(size)
 }
 
 /// Combines flushed rows of a virtual file into one Parquet object at the job's target: a full

@@ -20,7 +20,7 @@ pub mod ts;
 pub mod value;
 pub mod visibility;
 
-pub use buffer::{BlockData, BlockId, WriteBuffer, user_columns};
+pub use buffer::{BlockData, BlockId, ObjectFacts, WriteBuffer, user_columns};
 pub use checkpoint::{ShardImage, VisibilityImage};
 pub use config::StorageConfig;
 pub use error::{Result, StorageError};

@@ -82,14 +82,14 @@ fn failed_flushes_and_combinations_are_retried_without_loss() {
     let flushed: Vec<_> = shard.take_flush_jobs();
     for (t, job) in flushed {
         let schema = shard.schema(t).unwrap().clone();
-        block_on(retina_storage::file::flush_block(
+        let bytes = block_on(retina_storage::file::flush_block(
             &store,
             &schema,
             shard.config(),
             &job,
         ))
         .unwrap();
-        shard.flush_done(t, job.block);
+        shard.flush_done(t, job.block, bytes);
     }
     store.fail_reads.store(true, Ordering::Relaxed);
     let err = block_on(shard.flush_and_combine(&store)).unwrap_err();

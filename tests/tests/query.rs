@@ -571,3 +571,141 @@ fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
     });
     node.shutdown();
 }
+
+#[test]
+fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
+    // Small blocks and large files: the rows stay in the write buffer, flushed as blocks and
+    // segments, and are never combined into a file.
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        lake: Default::default(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
+        settings: Settings {
+            file_rows: 1 << 16,
+            query_lease_ms: 10_000,
+            ..retina_tests::small_files(2, 5)
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+        await_source: false,
+        cluster: None,
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let image = |n: i64| {
+        vec![
+            Value::Int(n),
+            Value::Int(n % 3),
+            Value::Int(1),
+            Value::Int(n),
+        ]
+    };
+    let submit = |ops: Vec<RowOp<Vec<Value>>>| {
+        let txns: Vec<Txn> = ops
+            .chunks(10)
+            .map(|c| {
+                c.iter()
+                    .map(|op| TableOp {
+                        table: 1,
+                        op: op.clone(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let ts = h.submit(&txns).unwrap();
+        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    };
+    let rt = retina_tests::runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        submit((0..300).map(|n| RowOp::Insert(image(n))).collect());
+        // Before the snapshot: every seventh row deleted.
+        let deleted_before = |n: i64| n < 300 && n % 7 == 0;
+        submit(
+            (0..300)
+                .filter(|&n| deleted_before(n))
+                .map(|n| RowOp::Delete(image(n)))
+                .collect(),
+        );
+        let old = retina.begin().await.unwrap();
+        let s = old.snapshot().get();
+        // After it: every fifth row left deleted, and 300 rows more.
+        let deleted_after = |n: i64| n < 300 && !deleted_before(n) && n % 5 == 0;
+        submit(
+            (0..300)
+                .filter(|&n| deleted_after(n))
+                .map(|n| RowOp::Delete(image(n)))
+                .collect(),
+        );
+        submit((300..600).map(|n| RowOp::Insert(image(n))).collect());
+        // Wait until the old query reads, from the store, objects wholly before its snapshot
+        // with rows deleted before it, and objects with rows created after it.
+        let conn = retina.connection();
+        let start = Instant::now();
+        loop {
+            let plan = conn.plan(old.query_id(), "bank.ledger").await.unwrap();
+            assert!(plan.files.is_empty(), "no file is combined");
+            let mut parts = Vec::new();
+            for &service in &plan.buffers {
+                let buffer = conn
+                    .write_buffer(service, old.info(), plan.table.id, vec![], vec![])
+                    .await
+                    .unwrap();
+                parts.extend(buffer);
+            }
+            let objects: Vec<_> = parts
+                .iter()
+                .filter(|p| matches!(p.data, retina_client::PartData::Path(_)))
+                .collect();
+            for o in &objects {
+                assert!(
+                    o.bytes.is_some_and(|b| b > 0),
+                    "the node knows its objects' sizes"
+                );
+                assert!(
+                    o.max_create_ts.is_some(),
+                    "and their rows' newest creation time"
+                );
+            }
+            let settled_with_deletes = objects
+                .iter()
+                .any(|o| o.max_create_ts.unwrap() <= s && o.deleted.iter().any(|&w| w != 0));
+            let recent = objects.iter().any(|o| o.max_create_ts.unwrap() > s);
+            if settled_with_deletes && recent {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no such objects on the store"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rows = ints(
+            &old.collect("SELECT n, dst FROM bank.ledger ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        let at_old: Vec<i64> = (0..300).filter(|&n| !deleted_before(n)).collect();
+        assert_eq!(rows, at_old.iter().map(|&n| vec![n, 1]).collect::<Vec<_>>());
+        let count = ints(
+            &old.collect("SELECT count(*) FROM bank.ledger")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(count, vec![vec![at_old.len() as i64]]);
+        let now = retina.begin().await.unwrap();
+        let rows = ints(
+            &now.collect("SELECT n FROM bank.ledger ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        let expected: Vec<Vec<i64>> = (0..600)
+            .filter(|&n| !deleted_before(n) && !deleted_after(n))
+            .map(|n| vec![n])
+            .collect();
+        assert_eq!(rows, expected);
+    });
+    node.shutdown();
+}

@@ -569,9 +569,9 @@ impl ShardActor {
         }
     }
 
-    fn on_flushed(&mut self, table: TableId, block: BlockId, result: Result<(), String>) {
+    fn on_flushed(&mut self, table: TableId, block: BlockId, result: Result<u64, String>) {
         match result {
-            Ok(()) => self.shard.flush_done(table, block),
+            Ok(bytes) => self.shard.flush_done(table, block, bytes),
             Err(e) => {
                 tracing::warn!(
                     "shard {}: flushing {block:?} failed, will retry: {e}",
@@ -606,7 +606,7 @@ impl ShardActor {
         };
         if matches!(job.kind, CombineKind::Segment { .. }) {
             // Only the shard's scan service hands segments out, with the write buffer.
-            return self.shard.combine_done(table, job, combined.groups);
+            return self.shard.combine_done(table, job, combined);
         }
         // The coordinator lists the file in later scan plans; until it has it, the scan
         // service hands the file out with the write buffer.
@@ -625,7 +625,7 @@ impl ShardActor {
                 },
             })
             .await;
-        self.shard.combine_done(table, job, combined.groups)
+        self.shard.combine_done(table, job, combined)
     }
 
     /// A storage-GC rewrite finished: switch to the new file and tell the coordinator, which

@@ -62,11 +62,11 @@ pub enum ShardMsg {
     /// From the coordinator: `query` ended (or its lease ran out, or its connection closed);
     /// the scan service refuses it from now on. May overtake its `QueryBegun`.
     QueryEnded { query: QueryId },
-    /// From the I/O thread: a block flush finished.
+    /// From the I/O thread: a block flush finished (the object's size).
     Flushed {
         table: TableId,
         block: BlockId,
-        result: Result<(), String>,
+        result: Result<u64, String>,
     },
     /// From the I/O thread: a file combination finished.
     Combined {

@@ -371,12 +371,12 @@ impl scan_service::Server for ScanService {
                         parts.push((part.file, part.offset + start, len, deleted, Ok(ipc)));
                     }
                 }
-                retina_storage::BlockData::Object(path) => parts.push((
+                retina_storage::BlockData::Object(path, facts) => parts.push((
                     part.file,
                     part.offset,
                     part.rows,
                     part.deleted.clone(),
-                    Err(path.as_ref().to_owned()),
+                    Err((path.as_ref().to_owned(), *facts)),
                 )),
             }
         }
@@ -389,7 +389,15 @@ impl scan_service::Server for ScanService {
             b.set_deleted(&bitmap_bytes(deleted));
             match data {
                 Ok(ipc) => b.set_memory(ipc),
-                Err(path) => b.set_path(path),
+                Err((path, facts)) => {
+                    b.set_path(path);
+                    if let Some(bytes) = facts.bytes {
+                        b.set_bytes(bytes);
+                    }
+                    if let Some(ts) = facts.max_create_ts {
+                        b.set_max_create_ts(ts.get());
+                    }
+                }
             }
         }
         Ok(())

@@ -8,7 +8,7 @@ use object_store::ObjectStore;
 use super::{Retired, Shard};
 use crate::buffer::{BlockId, CombineJob, CombineKind, FlushJob};
 use crate::error::Result;
-use crate::file::{self, RowGroupInfo};
+use crate::file::{self, CombinedFile};
 use crate::op::TableId;
 
 impl Shard {
@@ -27,8 +27,9 @@ impl Shard {
         jobs
     }
 
-    pub fn flush_done(&mut self, table: TableId, block: BlockId) {
-        self.tables[table as usize].buffer.flush_done(block);
+    /// The block is durable, `bytes` long.
+    pub fn flush_done(&mut self, table: TableId, block: BlockId, bytes: u64) {
+        self.tables[table as usize].buffer.flush_done(block, bytes);
     }
 
     pub fn flush_failed(&mut self, table: TableId, block: BlockId) {
@@ -50,15 +51,16 @@ impl Shard {
     /// The combination is durable. A segment: readers use it in place of its blocks. A
     /// combined file: later snapshots read it instead of the virtual file's objects, which
     /// retire until no query can read them.
-    pub fn combine_done(&mut self, table: TableId, job: CombineJob, groups: Vec<RowGroupInfo>) {
+    pub fn combine_done(&mut self, table: TableId, job: CombineJob, combined: CombinedFile) {
         let applied = self.applied_through;
         let t = &mut self.tables[table as usize];
-        let Some(virtual_file) = t.buffer.combine_done(&job) else {
+        let Some(virtual_file) = t.buffer.combine_done(&job, combined.facts()) else {
             return;
         };
         let CombineKind::File { retire } = job.kind else {
             unreachable!("only a combined file leaves the buffer");
         };
+        let groups = combined.groups;
         assert_eq!(
             groups.iter().map(|g| g.rows).sum::<u64>(),
             virtual_file.rows(),
@@ -89,7 +91,7 @@ impl Shard {
         for (t, job) in self.take_flush_jobs() {
             let schema = self.tables[t as usize].schema.clone();
             match file::flush_block(store, &schema, &self.config, &job).await {
-                Ok(()) => self.flush_done(t, job.block),
+                Ok(bytes) => self.flush_done(t, job.block, bytes),
                 Err(e) => {
                     self.flush_failed(t, job.block);
                     first_error.get_or_insert(e);
@@ -107,7 +109,7 @@ impl Shard {
             for (t, job) in jobs {
                 let schema = self.tables[t as usize].schema.clone();
                 match file::combine_blocks(store, &schema, &self.config, &job).await {
-                    Ok(combined) => self.combine_done(t, job, combined.groups),
+                    Ok(combined) => self.combine_done(t, job, combined),
                     Err(e) => {
                         self.combine_failed(t, &job);
                         first_error.get_or_insert(e);

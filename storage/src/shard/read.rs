@@ -8,7 +8,7 @@ use arrow::record_batch::RecordBatch;
 use object_store::ObjectStore;
 
 use super::{Shard, TableState};
-use crate::buffer::{BlockData, file_path};
+use crate::buffer::{BlockData, ObjectFacts, file_path};
 use crate::checkpoint::VisibilityImage;
 use crate::error::{Result, StorageError};
 use crate::file::{self, Projection};
@@ -63,7 +63,7 @@ impl TableSnapshot {
                     &part.deleted,
                     projection,
                 )?),
-                BlockData::Object(path) => {
+                BlockData::Object(path, _) => {
                     let bytes = file::get(store, path).await?;
                     out.extend(file::read_visible(
                         bytes,
@@ -127,7 +127,13 @@ impl Shard {
                 file: id,
                 offset: 0,
                 rows,
-                data: BlockData::Object(file_path(t.schema.name(), id)),
+                data: BlockData::Object(
+                    file_path(t.schema.name(), id),
+                    ObjectFacts {
+                        bytes: None,
+                        max_create_ts: file::max_create_ts(groups),
+                    },
+                ),
                 deleted,
             });
         }
