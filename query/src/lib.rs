@@ -28,7 +28,7 @@ mod table;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -40,7 +40,7 @@ use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::Stream;
 use object_store::ObjectStore;
-use retina_client::{ClientError, Connection, QueryInfo, Refusal};
+use retina_client::{ClientError, Connection, QueryInfo, Refusal, TableInfo};
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
@@ -126,6 +126,10 @@ pub struct Retina {
     /// The runtime every session shares: its object stores (the lake's S3 client, once a
     /// scan registered it) live as long as the connection.
     runtime: Arc<RuntimeEnv>,
+    /// The node's tables, asked for with the first query: a node's tables are its DDL's, fixed
+    /// while it runs, and a connection talks to one node (or cluster, whose members share the
+    /// DDL) for as long as it lives.
+    tables: Arc<Mutex<Option<Arc<[TableInfo]>>>>,
 }
 
 impl Retina {
@@ -135,6 +139,7 @@ impl Retina {
             conn: Connection::connect(addr, token)?,
             config: SessionConfig::new().with_information_schema(true),
             runtime: Arc::new(RuntimeEnv::default()),
+            tables: Arc::default(),
         })
     }
 
@@ -179,17 +184,30 @@ impl Retina {
         &self,
         visibility: Visibility,
     ) -> Result<QuerySession, DataFusionError> {
-        // Both round trips at once. The query is held before the tables are looked at: where
-        // listing them failed, dropping it ends the query.
-        let (tables, info) = futures::join!(self.conn.tables(), self.conn.begin());
+        // The first query lists the tables too, in parallel with the begin. The query is held
+        // before the tables are looked at: where listing them failed, dropping it ends the
+        // query.
+        let known = self
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (tables, info) = match known {
+            Some(tables) => (Ok(tables), self.conn.begin().await),
+            None => {
+                let (tables, info) = futures::join!(self.conn.tables(), self.conn.begin());
+                (tables.map(Arc::from), info)
+            }
+        };
         let info = info.map_err(external)?;
         let query = Arc::new(RunningQuery {
             conn: self.conn.clone(),
             info,
         });
         let tables = tables.map_err(external)?;
+        *self.tables.lock().unwrap_or_else(|e| e.into_inner()) = Some(tables.clone());
         let ctx = SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone());
-        for t in tables {
+        for t in tables.iter().cloned() {
             let name = t.schema.name().to_owned();
             // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
             if let Some((schema, _)) = name.split_once('.') {
