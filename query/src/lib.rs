@@ -196,7 +196,11 @@ impl Retina {
             Some(tables) => (Ok(tables), self.conn.begin().await),
             None => {
                 let (tables, info) = futures::join!(self.conn.tables(), self.conn.begin());
-                (tables.map(Arc::from), info)
+                let tables = tables.map(Arc::<[TableInfo]>::from);
+                if let Ok(t) = &tables {
+                    *self.tables.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
+                }
+                (tables, info)
             }
         };
         let info = info.map_err(external)?;
@@ -205,7 +209,6 @@ impl Retina {
             info,
         });
         let tables = tables.map_err(external)?;
-        *self.tables.lock().unwrap_or_else(|e| e.into_inner()) = Some(tables.clone());
         let ctx = SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone());
         for t in tables.iter().cloned() {
             let name = t.schema.name().to_owned();

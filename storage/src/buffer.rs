@@ -884,6 +884,16 @@ mod tests {
     use crate::value::Value;
 
     /// Blocks of 64 rows, segments of two blocks, files of six blocks.
+    fn config() -> StorageConfig {
+        StorageConfig {
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 384,
+            zstd_level: 0,
+        }
+    }
+
     fn buffer() -> WriteBuffer {
         let schema = TableSchema::new(
             "t",
@@ -891,14 +901,7 @@ mod tests {
             &["id"],
         )
         .unwrap();
-        let config = StorageConfig {
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 384,
-            zstd_level: 0,
-        };
-        WriteBuffer::new(schema, &config)
+        WriteBuffer::new(schema, &config())
     }
 
     fn append(b: &mut WriteBuffer, rows: usize) {
@@ -1008,14 +1011,7 @@ mod tests {
         b.combine_done(&job, known(5000, 137));
         assert_eq!(facts(&b), [known(5000, 137), known(1002, 201)]);
         // A checkpoint keeps the flushed blocks, not what was known of them.
-        let config = StorageConfig {
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 384,
-            zstd_level: 0,
-        };
-        let restored = WriteBuffer::from_image(b.schema().clone(), &config, b.image()).unwrap();
+        let restored = WriteBuffer::from_image(b.schema().clone(), &config(), b.image()).unwrap();
         assert_eq!(facts(&restored), [ObjectFacts::default(); 3]);
     }
 

@@ -32,14 +32,21 @@ type State = (BTreeMap<i64, i64>, Vec<(i64, i64, i64, i64)>);
 type Txn = Vec<TableOp<Vec<Value>>>;
 
 fn start(dir: &std::path::Path, lease_ms: u64) -> Node {
+    start_with(
+        dir,
+        Settings {
+            query_lease_ms: lease_ms,
+            ..retina_tests::small_files(2, 5)
+        },
+    )
+}
+
+fn start_with(dir: &std::path::Path, settings: Settings) -> Node {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
         lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
-        settings: Settings {
-            query_lease_ms: lease_ms,
-            ..retina_tests::small_files(2, 5)
-        },
+        settings,
         listen: Some("127.0.0.1:0".parse().unwrap()),
         auth_token: None,
         await_source: false,
@@ -577,21 +584,14 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
     // Small blocks and large files: the rows stay in the write buffer, flushed as blocks and
     // segments, and are never combined into a file.
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
-        lake: Default::default(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
-        settings: Settings {
+    let node = start_with(
+        &dir.path().join("data"),
+        Settings {
             file_rows: 1 << 16,
             query_lease_ms: 10_000,
             ..retina_tests::small_files(2, 5)
         },
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        auth_token: None,
-        await_source: false,
-        cluster: None,
-    })
-    .unwrap();
+    );
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
     let image = |n: i64| {
