@@ -7,7 +7,6 @@
 //! times in the unit it implies (0-3 milliseconds, 4-6 microseconds, 7-9 nanoseconds), as
 //! Debezium picks `Timestamp`, `MicroTimestamp` or `NanoTimestamp`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use retina_storage::{ColumnDef, ColumnType, TableId, TableSchema};
@@ -39,7 +38,7 @@ pub enum CatalogError {
 #[derive(Default, Debug)]
 pub struct Catalog {
     tables: Vec<Arc<TableSchema>>,
-    by_name: HashMap<String, TableId>,
+    by_name: rustc_hash::FxHashMap<String, TableId>,
 }
 
 impl Catalog {

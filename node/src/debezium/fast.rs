@@ -1,11 +1,11 @@
-//! The entry point of parsing a line ([`parse_line_with`]), and the common change event
-//! without a DOM: a bare payload (`schemas.enable=false`) with `op`
-//! `c`, `r`, `u`, `d` or `t`, read in one pass into the fields the parse needs, borrowing its
-//! names and its column strings without escapes from the line. It answers only when the event is well formed and every value
-//! converts; anything else (an envelope, a transaction marker, a key written with escapes, a
-//! field of an unexpected type, any error) is left to the full parse in `message.rs`, which
-//! gives the same result for the events this one reads (a test checks both agree) and the
-//! errors with their exact texts.
+//! The entry point of parsing a line ([`parse_line_with`]), and the common lines without a
+//! DOM: a bare payload (`schemas.enable=false`) with `op` `c`, `r`, `u`, `d` or `t`, and a bare
+//! BEGIN or END marker, read in one pass into the fields the parse needs, borrowing names and
+//! column strings without escapes from the line. It answers only when the line is well formed
+//! and every value converts; anything else (an envelope, a key written with escapes or twice,
+//! a field of an unexpected type, any error) is left to the full parse in `message.rs`, which
+//! gives the same result for the lines this one reads (tests check both agree) and the errors
+//! with their exact texts.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -14,7 +14,9 @@ use retina_storage::TableSchema;
 use serde_json::Value as Json;
 
 use super::error::{DebeziumError, SourcePosition};
-use super::message::{ChangeEvent, ChangeOp, Message, TxnRef, parse_full, transaction_from};
+use super::message::{
+    ChangeEvent, ChangeOp, Message, TxnRef, json_u64, parse_full, transaction_from, txn_id_owned,
+};
 use super::value::{Cell, Image, ParseOptions, Rows, key_only};
 
 /// A row image: its columns as written, each with whether it was taken.
@@ -55,11 +57,14 @@ impl<'a> Columns<'a> {
     /// Whether every column taken was the last of its name, as in a JSON map (where a name
     /// written twice counts once, the last time): true unless a name taken is written again.
     fn took_the_last(&self) -> bool {
+        // Looked for from the columns taken, which are few where a before image's key is all
+        // that is read.
         self.taken == self.list.len()
             || !self
                 .list
                 .iter()
-                .any(|(name, _, taken)| !taken && self.list.iter().any(|(k, _, t)| *t && k == name))
+                .filter(|(_, _, taken)| *taken)
+                .any(|(name, _, _)| self.list.iter().any(|(k, _, t)| !t && k == name))
     }
 }
 
@@ -103,7 +108,42 @@ pub fn parse_line_with(
 ) -> Result<Message, DebeziumError> {
     match parse_change(line, pos, catalog, options) {
         Some(m) => Ok(m),
-        None => parse_full(line, pos, catalog, options),
+        None => match parse_marker(line, pos) {
+            Some(m) => Ok(m),
+            None => parse_full(line, pos, catalog, options),
+        },
+    }
+}
+
+/// Reads `line` as a bare BEGIN or END marker that is well formed; `None` where the full parse
+/// must decide (any other line, an envelope, a key written twice, any error).
+pub(super) fn parse_marker(line: &str, pos: &SourcePosition) -> Option<Message> {
+    let mut scan = Scan::new(line)?;
+    scan.expect(b'{')?;
+    let (mut status, mut id, mut event_count, mut collections) = (None, None, None, None);
+    scan.members(|scan, key| match key {
+        "status" => once(&mut status, scan.plain()),
+        "id" => once(&mut id, scan.value()),
+        "event_count" => once(&mut event_count, scan.value()),
+        "data_collections" => once(&mut collections, scan.data_collections()),
+        // An envelope (or a change event with a `status`): the full parse.
+        "payload" | "schema" => None,
+        _ => scan.skip(),
+    })?;
+    scan.peek().is_none().then_some(())?;
+    let id = txn_id_owned(id?)?;
+    match status? {
+        "BEGIN" => Some(Message::Begin {
+            id,
+            pos: pos.clone(),
+        }),
+        "END" => Some(Message::End {
+            id,
+            event_count: json_u64(event_count.as_ref())?,
+            data_collections: collections.unwrap_or_default(),
+            pos: pos.clone(),
+        }),
+        _ => None,
     }
 }
 
@@ -128,7 +168,7 @@ pub(super) fn parse_change(
     let table_name = source.table?;
     let namespace = source.schema.or(source.db);
     // `namespace.table` first, then the bare name; the data collection is the first of them.
-    let qualified = namespace.map(|ns| format!("{ns}.{table_name}"));
+    let qualified = namespace.map(|ns| [ns, ".", table_name].concat());
     let table = qualified
         .as_deref()
         .and_then(catalog)
@@ -172,6 +212,16 @@ pub(super) fn parse_change(
     }))
 }
 
+/// Puts a field's `value` in its `slot`, once: `None` for a key written twice (which the full
+/// parse reads as a map does, the last one counting) and for a value not read.
+fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
+    if slot.is_some() {
+        return None;
+    }
+    *slot = Some(value?);
+    Some(())
+}
+
 /// JSON whitespace (a line with a control character anywhere is left to the full parse, so
 /// only the space occurs).
 const SPACE: u8 = b' ';
@@ -195,6 +245,17 @@ enum Str<'a> {
 }
 
 impl<'a> Scan<'a> {
+    /// A cursor at the start of `line`, or `None` where it holds a control character: those
+    /// (tabs and line ends included) are rare enough to leave to the full parse, which keeps
+    /// the scan's whitespace to spaces and its strings free of them.
+    fn new(line: &'a str) -> Option<Self> {
+        let control = |chunk: &[u8]| chunk.iter().fold(false, |any, &c| any | (c < 0x20));
+        if line.as_bytes().chunks(64).any(control) {
+            return None;
+        }
+        Some(Scan { text: line, i: 0 })
+    }
+
     fn bytes(&self) -> &'a [u8] {
         self.text.as_bytes()
     }
@@ -466,6 +527,33 @@ impl<'a> Scan<'a> {
         Some(s)
     }
 
+    /// END's `data_collections`: `null` (none), or an array of objects each with a
+    /// `data_collection` (a string without escapes) and an `event_count`.
+    fn data_collections(&mut self) -> Option<Vec<(String, u64)>> {
+        if self.peek()? == b'n' {
+            return self.null().map(|()| Vec::new());
+        }
+        self.expect(b'[')?;
+        let mut collections = Vec::new();
+        if self.eat(b']') {
+            return Some(collections);
+        }
+        loop {
+            self.expect(b'{')?;
+            let (mut name, mut count) = (None, None);
+            self.members(|scan, key| match key {
+                "data_collection" => once(&mut name, scan.plain()),
+                "event_count" => once(&mut count, scan.value()),
+                _ => scan.skip(),
+            })?;
+            collections.push((name?.to_owned(), json_u64(count.as_ref())?));
+            if !self.eat(b',') {
+                self.expect(b']')?;
+                return Some(collections);
+            }
+        }
+    }
+
     /// `null` (`None`), or a `transaction` block (`Some(None)` without its three fields).
     fn transaction(&mut self) -> Option<Option<Option<TxnRef>>> {
         if self.peek()? == b'n' {
@@ -519,13 +607,7 @@ fn quote_or_backslash(b: &[u8], from: usize) -> Option<usize> {
 
 /// Reads `line` as a bare change event's payload: what the parse reads of it.
 fn read_payload(line: &str) -> Option<Payload<'_>> {
-    // Control characters (tabs and line ends included) are rare enough to leave to the full
-    // parse, which keeps the scan's whitespace to spaces and its strings free of them.
-    let control = |chunk: &[u8]| chunk.iter().fold(false, |any, &c| any | (c < 0x20));
-    if line.as_bytes().chunks(64).any(control) {
-        return None;
-    }
-    let mut scan = Scan { text: line, i: 0 };
+    let mut scan = Scan::new(line)?;
     scan.expect(b'{')?;
     let mut p = Payload::default();
     scan.members(|scan, key| {

@@ -194,7 +194,7 @@ fn txn_id(v: Option<&Json>) -> Option<String> {
 }
 
 /// [`txn_id`] of a value the caller owns (a string is not copied).
-fn txn_id_owned(v: Json) -> Option<String> {
+pub(super) fn txn_id_owned(v: Json) -> Option<String> {
     match v {
         Json::String(s) => Some(s),
         other => txn_id(Some(&other)),
@@ -202,7 +202,7 @@ fn txn_id_owned(v: Json) -> Option<String> {
 }
 
 /// A count or order: a JSON number, or a numeric string (Debezium's own examples quote them).
-fn json_u64(v: Option<&Json>) -> Option<u64> {
+pub(super) fn json_u64(v: Option<&Json>) -> Option<u64> {
     match v? {
         Json::Number(n) => n.as_u64(),
         Json::String(s) => s.parse().ok(),

@@ -47,6 +47,12 @@ pub enum DecimalHandling {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ParseOptions {
     pub decimal_handling: DecimalHandling,
+    /// Read only the primary key of a before image (a delete's row, an update's old row),
+    /// every other column null, as without a before image: replay needs nothing else of it
+    /// (a key finds the row it removes), and converting an old row's strings would copy and
+    /// free them for nothing. Its other columns are then not checked either. Off by default:
+    /// the parse gives the image as written.
+    pub before_keys_only: bool,
 }
 
 /// A decimal scale: a JSON integer or a numeric string (Connect writes parameters as strings).
@@ -132,8 +138,13 @@ impl Rows<'_> {
     ) -> Result<Vec<Value>, DebeziumError> {
         let pk = self.table.primary_key();
         let mut row = Vec::with_capacity(self.table.columns().len());
+        let keys_only = image == Image::Before && self.options.before_keys_only;
         for (i, col) in self.table.columns().iter().enumerate() {
             let is_key = pk.contains(&i);
+            if keys_only && !is_key {
+                row.push(Value::Null);
+                continue;
+            }
             let Some(json) = get(&col.name) else {
                 if is_key || (image == Image::After && !col.nullable) {
                     return Err(DebeziumError::MissingColumn {
@@ -411,17 +422,23 @@ pub(crate) fn parse_decimal(s: &str, scale: i8) -> Result<i128, String> {
     if int_part.len() + frac_part.len() == 0 || !all_digits(int_part) || !all_digits(frac_part) {
         return Err(bad());
     }
-    // value = digits * 10^-frac_digits. Trailing zeros are dropped first so that a long run of
-    // them (`1.000...0`) does not overflow before the rescale.
-    let digits = format!("{int_part}{frac_part}");
-    let significant = digits.trim_start_matches('0').trim_end_matches('0');
-    if significant.is_empty() {
+    // value = digits * 10^-frac_digits, the digits being the integer part's and then the
+    // fraction's. Leading and trailing zeros are dropped first, so that a long run of them
+    // (`1.000...0`) does not overflow before the rescale.
+    let digits = int_part.bytes().chain(frac_part.bytes());
+    let total = int_part.len() + frac_part.len();
+    let zero = |b: &u8| *b == b'0';
+    let leading_zeros = digits.clone().take_while(zero).count();
+    if leading_zeros == total {
         return Ok(0);
     }
-    let trailing_zeros = digits.len() - digits.trim_end_matches('0').len();
+    let trailing_zeros = digits.clone().rev().take_while(zero).count();
+    let significant = digits
+        .skip(leading_zeros)
+        .take(total - leading_zeros - trailing_zeros);
     let frac_digits = frac_part.len() as i64 - trailing_zeros as i64 - i64::from(exponent);
     let mut unscaled: i128 = 0;
-    for b in significant.bytes() {
+    for b in significant {
         unscaled = unscaled
             .checked_mul(10)
             .and_then(|u| u.checked_add(i128::from(b - b'0')))

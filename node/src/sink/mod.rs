@@ -58,6 +58,8 @@ fn line_parser(
     let catalog = node.catalog().clone();
     let options = crate::debezium::ParseOptions {
         decimal_handling: node.decimal_handling(),
+        // The shards find the row a delete or an update removes by its key alone.
+        before_keys_only: true,
     };
     move |line, pos| {
         let lookup = |name: &str| {

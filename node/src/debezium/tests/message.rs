@@ -68,6 +68,73 @@ fn every_op_in_the_bare_form() {
 }
 
 #[test]
+fn before_images_hold_only_their_key_where_asked() {
+    let keys_only = ParseOptions {
+        before_keys_only: true,
+        ..Default::default()
+    };
+    let with =
+        |line: &str, options: &ParseOptions| match parse_line_with(line, &at(4), &catalog, options)
+        {
+            Ok(Message::Change(ev)) => Ok(ev.op),
+            Ok(other) => panic!("expected a change, got {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+    let before = json!({"id": 1, "qty": 2, "price": "3.50", "note": "old", "day": 19783});
+    // The same in the envelope, where the schema makes the price bytes (350 at scale 2).
+    let mut enveloped = before.clone();
+    enveloped["price"] = json!("AV4=");
+    let after = json!({"id": 1, "qty": 5, "price": null});
+    let update = ChangeOp::Update {
+        before: key_row(1),
+        after: order_row(1, 5, None),
+    };
+    // Bare (the one-pass read) and in the envelope (the full parse) alike: an update's and a
+    // delete's before image are their key, the after image whole, and without the option the
+    // images as written.
+    let fields = orders_fields();
+    let forms = [
+        event("u", before.clone(), after.clone(), None).to_string(),
+        envelope(
+            event("u", enveloped.clone(), after.clone(), None),
+            fields.clone(),
+        ),
+    ];
+    for line in &forms {
+        assert_eq!(with(line, &keys_only), Ok(update.clone()), "{line}");
+        let Ok(ChangeOp::Update { before, .. }) = with(line, &ParseOptions::default()) else {
+            panic!("an update: {line}")
+        };
+        assert_eq!(before[..3], order_row(1, 2, Some(350))[..3], "{line}");
+        assert_eq!(before[3], Value::Utf8("old".into()), "{line}");
+    }
+    let delete = event("d", before.clone(), Json::Null, None).to_string();
+    assert_eq!(with(&delete, &keys_only), Ok(ChangeOp::Delete(key_row(1))));
+    let delete = envelope(event("d", enveloped, Json::Null, None), fields);
+    assert_eq!(with(&delete, &keys_only), Ok(ChangeOp::Delete(key_row(1))));
+    // The other columns are not read, so not checked either; the key still is.
+    let mut bad = before.clone();
+    bad["qty"] = json!("many");
+    let line = event("d", bad, Json::Null, None).to_string();
+    assert_eq!(with(&line, &keys_only), Ok(ChangeOp::Delete(key_row(1))));
+    assert!(
+        with(&line, &ParseOptions::default())
+            .unwrap_err()
+            .contains("column `qty`")
+    );
+    let line = event("d", json!({"id": "x", "qty": 2}), Json::Null, None).to_string();
+    assert!(with(&line, &keys_only).unwrap_err().contains("column `id`"));
+    let line = event("u", json!({"qty": 2}), after, None).to_string();
+    assert!(matches!(
+        parse_line_with(&line, &at(4), &catalog, &keys_only),
+        Err(DebeziumError::MissingColumn {
+            image: "before",
+            ..
+        })
+    ));
+}
+
+#[test]
 fn every_op_in_the_envelope_form() {
     // 123.45 at scale 2 is 12345 = 0x3039; 2024-03-01T12:34:56Z; 2024-03-01 is day 19783.
     let created = 1_709_296_496_000_000i64;
@@ -458,6 +525,7 @@ fn decimal_strings_follow_decimal_handling() {
     let price = |mode: DecimalHandling| {
         let options = ParseOptions {
             decimal_handling: mode,
+            ..Default::default()
         };
         parse_line_with(&line, &at(2), &catalog, &options).map(|m| match m {
             Message::Change(ChangeEvent {
@@ -487,6 +555,7 @@ fn decimal_strings_follow_decimal_handling() {
     let line = envelope(event("c", Json::Null, row, None), fields);
     let options = ParseOptions {
         decimal_handling: DecimalHandling::String,
+        ..Default::default()
     };
     let Message::Change(ev) = parse_line_with(&line, &at(3), &catalog, &options).unwrap() else {
         panic!("a change")
@@ -662,4 +731,71 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
     // ... and for a column written twice, the last one counts.
     let twice = r#"{"op":"c","after":{"id":1,"qty":1,"id":2,"qty":3},"source":{"schema":"public","table":"orders"}}"#;
     assert!(matches!(change(twice).op, ChangeOp::Insert(row) if row == order_row(2, 3, None)));
+}
+
+/// BEGIN and END read in one pass agree with the DOM parse, which is left every other shape
+/// and every error.
+#[test]
+fn markers_read_in_one_pass_agree_with_the_full_parse() {
+    let full = |line: &str| {
+        format!(
+            "{:?}",
+            super::super::message::parse_full(line, &at(1), &catalog, &Default::default())
+        )
+    };
+    let fast = |line: &str| {
+        super::super::fast::parse_marker(line, &at(1))
+            .map(|m| format!("{:?}", Ok::<_, DebeziumError>(m)))
+    };
+    let taken = [
+        r#"{"status":"BEGIN","id":"571","event_count":null,"data_collections":null}"#,
+        r#"{"data_collections":null,"event_count":null,"id":"4457","status":"BEGIN","ts_ms":1}"#,
+        r#"{"status":"BEGIN","id":571}"#,
+        r#"{"status":"END","id":"571:3360","event_count":3,"data_collections":[{"data_collection":"public.orders","event_count":2},{"data_collection":"public.items","event_count":"1"}]}"#,
+        r#"{"status":"END","id":"t","event_count":"0","data_collections":[]}"#,
+        r#"{"status":"END","id":"t","event_count":2}"#,
+        r#"{ "status" : "END" , "id" : "t" , "event_count" : 1 , "data_collections" : [ { "data_collection" : "a" , "event_count" : 1 , "x" : [ {} ] } ] } "#,
+        r#"{"status":"BEGIN","id":"t","event_count":"x","extra":{"a":[1,"b\"c"]}}"#,
+    ];
+    for line in taken {
+        let got = fast(line).unwrap_or_else(|| panic!("the one-pass read left {line} alone"));
+        assert_eq!(got, full(line), "{line}");
+    }
+    let left = [
+        // Not a marker, or an envelope.
+        r#"{"op":"c","after":{"id":1,"qty":1},"source":{"table":"orders"}}"#,
+        r#"{"schema":{},"payload":{"status":"BEGIN","id":"t"}}"#,
+        r#"{"payload":{"status":"BEGIN","id":"t"}}"#,
+        // Errors: no id, an id of another type, an unknown status, END without a count, bad
+        // data collections.
+        r#"{"status":"BEGIN"}"#,
+        r#"{"status":"BEGIN","id":null}"#,
+        r#"{"status":"BEGIN","id":{"a":1}}"#,
+        r#"{"status":"COMMIT","id":"t"}"#,
+        r#"{"status":1,"id":"t"}"#,
+        r#"{"status":"END","id":"t"}"#,
+        r#"{"status":"END","id":"t","event_count":-1}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":{}}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[1]}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[{"event_count":1}]}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[{"data_collection":"a"}]}"#,
+        // Keys written twice (the DOM parse keeps the last), escapes, malformed JSON, a tab.
+        r#"{"status":"BEGIN","id":"a","id":"b"}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[{"data_collection":"a","data_collection":"b","event_count":1}]}"#,
+        r#"{"status":"BEG\u0049N","id":"t"}"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[{"data_collection":"\u0061","event_count":1}]}"#,
+        r#"{"status":"BEGIN","id":"t",}"#,
+        r#"{"status":"BEGIN","id":"t"} x"#,
+        r#"{"status":"END","id":"t","event_count":1,"data_collections":[{"data_collection":"a","event_count":1}"#,
+        "{\"status\":\"BEGIN\",\t\"id\":\"t\"}",
+    ];
+    for line in left {
+        assert_eq!(fast(line), None, "{line}");
+    }
+    // What the full parse makes of some of them.
+    assert_eq!(
+        full(r#"{"status":"BEGIN","id":"a","id":"b"}"#),
+        format!("{:?}", parse(r#"{"status":"BEGIN","id":"b"}"#, 1))
+    );
+    assert!(full(r#"{"status":"END","id":"t"}"#).contains("without an `event_count`"));
 }
