@@ -126,7 +126,13 @@ pub struct TxnAssembler {
     applied: RecentIds,
     last_applied: Option<(String, SourcePosition)>,
     duplicates_skipped: u64,
+    /// Events of the last transaction ended (at most [`MAX_EVENTS_RESERVED`]): the room the
+    /// next one starts with.
+    last_events: usize,
 }
+
+/// The most events room is made for before a transaction's events arrive.
+const MAX_EVENTS_RESERVED: usize = 1024;
 
 impl TxnAssembler {
     pub fn new(mode: TxnMode) -> Self {
@@ -138,6 +144,7 @@ impl TxnAssembler {
             applied: RecentIds::default(),
             last_applied: None,
             duplicates_skipped: 0,
+            last_events: 0,
         }
     }
 
@@ -295,7 +302,9 @@ impl TxnAssembler {
         let previous = self.open.replace(OpenTxn {
             id: id.clone(),
             begin: pos.clone(),
-            events: Vec::new(),
+            // Room for as many events as the last transaction had: a stream's transactions
+            // are mostly alike, and growing a vector of events copies them over and over.
+            events: Vec::with_capacity(self.last_events),
             messages: 0,
         });
         match previous {
@@ -447,6 +456,7 @@ impl TxnAssembler {
             });
         }
         let mut events = open.events;
+        self.last_events = events.len().min(MAX_EVENTS_RESERVED);
         events.sort_by_key(|e| e.txn.as_ref().map_or(0, |t| t.total_order));
         Ok(self.emit(Transaction {
             id,

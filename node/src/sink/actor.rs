@@ -13,7 +13,7 @@ use retina_storage::{RowOp, TableOp, Timestamp, Value};
 
 use super::barrier::{Barriers, LAST_CHECKPOINT_WAIT};
 use super::dead_letter::{DeadLetter, dead_letter_offsets, marker, write_once};
-use super::decode::{CHUNK_BYTES, Decoded, Lanes, Parsed};
+use super::decode::{CHUNK_BYTES, Decoded, Lanes, LineText, Parsed};
 use super::msg::{SinkMsg, SinkReport};
 use super::options::{OnError, SinkOptions};
 use super::source::{self, SourceSpec, SourceState, read_span};
@@ -291,7 +291,8 @@ struct Sink<'a> {
     group_opened: Instant,
     /// Where each transaction of the group began in the source (described only on error).
     sources: Vec<SourcePosition>,
-    /// The raw lines of the open transaction, for the dead-letter file, and their bytes.
+    /// The raw lines of the open transaction, for the dead-letter file (kept only where bad
+    /// transactions go there, `on_error = skip`), and their bytes.
     raw: Vec<String>,
     raw_bytes: u64,
     /// Where the line being read starts in the source, and where the open transaction began.
@@ -356,9 +357,10 @@ impl Sink<'_> {
     }
 
     /// Handles one line and its parse; false to stop.
-    fn on_line(&mut self, line: &str, parsed: Result<Message, DebeziumError>) -> bool {
+    fn on_line(&mut self, text: LineText<'_>, parsed: Result<Message, DebeziumError>) -> bool {
         let pos = SourcePosition::new(self.name.clone(), self.report.lines);
         if let Some((id, record)) = &mut self.skipping {
+            let line = text.get();
             match marker(line) {
                 // Its END (with Postgres, an id whose LSN part differs): the whole bad
                 // transaction goes to the dead-letter file.
@@ -452,7 +454,7 @@ impl Sink<'_> {
                     self.raw_bytes = 0;
                     return true;
                 };
-                self.raw_bytes += line.len() as u64;
+                self.raw_bytes += text.len() as u64;
                 if self.raw_bytes > self.options.max_txn_bytes {
                     // Refused before it is kept whole: its lines are not kept either.
                     let e = DebeziumError::Transaction {
@@ -466,7 +468,7 @@ impl Sink<'_> {
                     };
                     let open = Some(open.to_owned());
                     self.raw.clear();
-                    let ok = self.on_error(e, open, line);
+                    let ok = self.on_error(e, open, text.get());
                     if let Some((_, record)) = &mut self.skipping {
                         // Too large to keep: the record says where it was, not what it held.
                         record.lines.clear();
@@ -475,10 +477,12 @@ impl Sink<'_> {
                     }
                     return ok;
                 }
-                self.raw.push(line.to_owned());
+                if self.options.on_error == OnError::Skip {
+                    self.raw.push(text.get().to_owned());
+                }
                 true
             }
-            Err(e) => self.on_error(e, open, line),
+            Err(e) => self.on_error(e, open, text.get()),
         }
     }
 

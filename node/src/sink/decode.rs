@@ -92,13 +92,35 @@ impl Chunk {
 }
 
 impl Line {
-    /// The line's text (without its line ending) in its chunk's bytes (empty for a line that is
-    /// not UTF-8).
-    pub(super) fn text<'a>(&self, bytes: &'a ChunkBytes) -> &'a str {
-        match bytes {
+    /// The line's text (without its line ending) in its chunk's `bytes`.
+    pub(super) fn text<'a>(&self, bytes: &'a ChunkBytes) -> LineText<'a> {
+        LineText {
+            bytes,
+            range: self.text.clone(),
+        }
+    }
+}
+
+/// A line's text, read only where it is asked for: the sink mostly needs a line's parse and
+/// length, and its bytes, which a lane parsed on another core, would cost it a cache miss each.
+#[derive(Clone)]
+pub(super) struct LineText<'a> {
+    bytes: &'a ChunkBytes,
+    range: Range<usize>,
+}
+
+impl<'a> LineText<'a> {
+    /// Its length in bytes.
+    pub(super) fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// The text (empty for a line that is not UTF-8).
+    pub(super) fn get(&self) -> &'a str {
+        match self.bytes {
             // Line ends are ASCII, so a line's range lies on character boundaries.
-            ChunkBytes::Text(s) => &s[self.text.clone()],
-            ChunkBytes::Bytes(b) => std::str::from_utf8(&b[self.text.clone()]).unwrap_or(""),
+            ChunkBytes::Text(s) => &s[self.range.clone()],
+            ChunkBytes::Bytes(b) => std::str::from_utf8(&b[self.range.clone()]).unwrap_or(""),
         }
     }
 }
@@ -413,7 +435,7 @@ mod tests {
                 Decoded::Lines(chunk) => {
                     let (bytes, lines) = chunk.into_parts();
                     for line in lines {
-                        let text = line.text(&bytes).to_owned();
+                        let text = line.text(&bytes).get().to_owned();
                         seen.push(match line.parsed {
                             Parsed::Message(Ok(Message::Begin { id, pos })) => {
                                 assert_eq!(id, text);
