@@ -18,7 +18,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::ParquetMetaData;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use parquet::file::statistics::Statistics;
 use parquet::schema::types::ColumnPath;
 
@@ -39,7 +39,7 @@ pub fn writer_properties(config: &StorageConfig) -> WriterProperties {
         0 => Compression::UNCOMPRESSED,
         level => Compression::ZSTD(ZstdLevel::try_new(level).expect("level was validated")),
     };
-    properties(config, compression)
+    properties(config, compression).build()
 }
 
 /// Writer settings for write-buffer blocks: objects of a few thousand rows that every query
@@ -48,15 +48,21 @@ pub fn writer_properties(config: &StorageConfig) -> WriterProperties {
 /// which for a block costs more than its data (measured with `retina bench peers`: CH Q1 over
 /// 1.2M order lines in blocks 121 ms with zstd, 68 ms with LZ4). Combined files, which stay,
 /// get zstd.
+///
+/// Blocks (and segments) have no dictionaries: they live only until their file is combined,
+/// and building a dictionary hashes every value of every column (in `retina bench replay`, a
+/// third of the writer's time went to it). Combined files keep theirs.
 pub fn block_writer_properties(config: &StorageConfig) -> WriterProperties {
     let compression = match config.zstd_level {
         0 => Compression::UNCOMPRESSED,
         _ => Compression::LZ4_RAW,
     };
     properties(config, compression)
+        .set_dictionary_enabled(false)
+        .build()
 }
 
-fn properties(config: &StorageConfig, compression: Compression) -> WriterProperties {
+fn properties(config: &StorageConfig, compression: Compression) -> WriterPropertiesBuilder {
     let ts = ColumnPath::from(CREATE_TS_COLUMN);
     WriterProperties::builder()
         .set_max_row_group_row_count(Some(config.row_group_rows as usize))
@@ -65,7 +71,6 @@ fn properties(config: &StorageConfig, compression: Compression) -> WriterPropert
         .set_column_dictionary_enabled(ts.clone(), false)
         .set_column_encoding(ts, Encoding::DELTA_BINARY_PACKED)
         .set_created_by(format!("retina {}", env!("CARGO_PKG_VERSION")))
-        .build()
 }
 
 /// Encodes batches of the table's stored schema as one Parquet file.
