@@ -49,8 +49,8 @@ pub fn writer_properties(config: &StorageConfig) -> WriterProperties {
 /// 1.2M order lines in blocks 121 ms with zstd, 68 ms with LZ4). Combined files, which stay,
 /// get zstd.
 ///
-/// Blocks have no dictionaries: a block is read only until its run of blocks is written as a
-/// segment, and building a dictionary hashes every value of every column (in `retina bench
+/// Blocks have no dictionaries: queries read a block only until a segment or its combined file
+/// replaces it, and building a dictionary hashes every value of every column (in `retina bench
 /// replay`, a third of the writer's time went to it). Segments, which queries read in place of
 /// their blocks until the file is combined, keep theirs ([`segment_writer_properties`]): without
 /// them queries over unfilled files were about 10% slower (`retina bench overhead`).

@@ -103,7 +103,6 @@ impl Line {
 
 /// A line's text, read only where it is asked for: the sink mostly needs a line's parse and
 /// length, and its bytes, which a lane parsed on another core, would cost it a cache miss each.
-#[derive(Clone)]
 pub(super) struct LineText<'a> {
     bytes: &'a ChunkBytes,
     range: Range<usize>,
