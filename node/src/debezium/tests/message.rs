@@ -609,17 +609,19 @@ fn lines_without_a_row_change_are_skipped() {
     }
 }
 
+/// The DOM parse's answer for `line` at line 1, default options, as text to compare.
+fn full(line: &str) -> String {
+    format!(
+        "{:?}",
+        super::super::message::parse_full(line, &at(1), &catalog, &Default::default())
+    )
+}
+
 /// The one-pass read takes the common shapes, and agrees with the DOM parse on each of them
 /// and on the shapes it leaves to it.
 #[test]
 fn the_one_pass_read_agrees_with_the_full_parse() {
     let options = ParseOptions::default();
-    let full = |line: &str| {
-        format!(
-            "{:?}",
-            super::super::message::parse_full(line, &at(1), &catalog, &options)
-        )
-    };
     let fast = |line: &str| {
         super::super::fast::parse_change(line, &at(1), &catalog, &options)
             .map(|m| format!("{:?}", Ok::<_, DebeziumError>(m)))
@@ -737,12 +739,6 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
 /// and every error.
 #[test]
 fn markers_read_in_one_pass_agree_with_the_full_parse() {
-    let full = |line: &str| {
-        format!(
-            "{:?}",
-            super::super::message::parse_full(line, &at(1), &catalog, &Default::default())
-        )
-    };
     let fast = |line: &str| {
         super::super::fast::parse_marker(line, &at(1))
             .map(|m| format!("{:?}", Ok::<_, DebeziumError>(m)))
