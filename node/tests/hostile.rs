@@ -288,7 +288,7 @@ fn scan_calls_serve_only_running_queries_at_the_snapshot_they_were_given() {
         let s = scan(shard).await;
         let q = begin(&c).await.unwrap();
         let mut a = Vec::new();
-        // At once after beginQuery: the shard knows the query.
+        // At once after beginQuery: the call finds the query (waiting for it if it came first).
         a.push(write_buffer(&s, q.id, q.secret, q.snapshot, 0, &[]).await);
         a.push(write_buffer(&s, q.id, q.secret ^ 1, q.snapshot, 0, &[]).await);
         a.push(write_buffer(&s, 0, 0, q.snapshot, 0, &[]).await);

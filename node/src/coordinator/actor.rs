@@ -6,7 +6,6 @@
 //! with `try_send` (bounded; a shard that stopped taking them fails the node), so the shards,
 //! which report to it, can never deadlock with it.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,16 +35,6 @@ pub const CONTROL_QUEUE: usize = 4 * MAX_RUNNING_QUERIES as usize + 64;
 
 type BeginReply = flume::Sender<Result<QueryTicket, BeginRefused>>;
 
-/// A query begun whose beginner waits until every shard's scan service knows it.
-struct PendingBegin {
-    ticket: QueryTicket,
-    reply: BeginReply,
-    /// Shards that have not yet answered [`CoordMsg::QueryKnown`].
-    unknown: usize,
-    /// Shards that answered: a shard started again while the begin waited may answer twice.
-    known: std::collections::BTreeSet<u16>,
-}
-
 pub struct CoordinatorActor {
     state: CoordinatorState,
     /// Where the state is kept durable: the state file, or the cluster's metadata store.
@@ -72,8 +61,6 @@ pub struct CoordinatorActor {
     /// Begins that came before HWM was back where a query saw it before the restart. Each
     /// waits at most `query_wait`, then is refused with a typed error.
     waiting: Vec<(Owner, BeginReply, Instant)>,
-    /// Begins waiting for every shard to know their query.
-    begins: HashMap<QueryId, PendingBegin>,
     /// HWM moved since it was last persisted.
     dirty: bool,
     /// The watermarks the shards were last sent.
@@ -110,7 +97,6 @@ impl CoordinatorActor {
             query_wait: Duration::from_millis(settings.query_wait_ms),
             secrets: std::hash::RandomState::new(),
             waiting: Vec::new(),
-            begins: HashMap::new(),
             dirty: false,
             sent,
         }
@@ -161,7 +147,6 @@ impl CoordinatorActor {
                 self.on_checkpoint_done(id, shard, ok).await
             }
             CoordMsg::BeginQuery { owner, reply } => self.on_begin_query(owner, reply),
-            CoordMsg::QueryKnown { query, shard } => self.on_query_known(query, shard),
             CoordMsg::RenewQuery { owner, id, reply } => self.on_renew_query(owner, id, reply),
             CoordMsg::EndQuery { owner, id, reply } => self.on_end_query(owner, id, reply),
             CoordMsg::ConnectionClosed { owner } => self.on_connection_closed(owner),
@@ -377,9 +362,9 @@ impl CoordinatorActor {
         }
     }
 
-    /// Begins `owner`'s query and tells every shard's scan service; the answer waits for
-    /// every shard's [`CoordMsg::QueryKnown`]. Shards learn of a query and of its end in the
-    /// order the coordinator sends them, on one queue.
+    /// Begins `owner`'s query, tells every shard's scan service and answers at once: shards
+    /// learn of a query and of its end in the order the coordinator sends them, on one queue,
+    /// and a scan call that comes before the shard took the query waits for it there.
     fn begin_query(&mut self, owner: Owner, reply: BeginReply) {
         let (id, snapshot) = match self.state.begin_query(owner, now_ms(), self.lease_ms) {
             Ok(q) => q,
@@ -390,42 +375,16 @@ impl CoordinatorActor {
         };
         self.publish();
         let secret = self.secret(id);
-        let ticket = QueryTicket {
-            id,
-            snapshot,
-            secret,
-        };
-        let told = self.to_shards(|| ShardMsg::QueryBegun {
+        self.to_shards(|| ShardMsg::QueryBegun {
             query: id,
             snapshot,
             secret,
         });
-        if told == 0 {
-            let _ = reply.send(Ok(ticket));
-        } else {
-            self.begins.insert(
-                id,
-                PendingBegin {
-                    ticket,
-                    reply,
-                    unknown: told,
-                    known: Default::default(),
-                },
-            );
-        }
-    }
-
-    fn on_query_known(&mut self, query: QueryId, shard: u16) {
-        if let std::collections::hash_map::Entry::Occupied(mut b) = self.begins.entry(query) {
-            if !b.get_mut().known.insert(shard) {
-                return;
-            }
-            b.get_mut().unknown -= 1;
-            if b.get().unknown == 0 {
-                let b = b.remove();
-                let _ = b.reply.send(Ok(b.ticket));
-            }
-        }
+        let _ = reply.send(Ok(QueryTicket {
+            id,
+            snapshot,
+            secret,
+        }));
     }
 
     fn on_renew_query(
@@ -619,16 +578,9 @@ impl CoordinatorActor {
         }
     }
 
-    /// Tells every shard's scan service that `ended` queries ended. A begin still waiting for
-    /// the shards to know its query (a shard catching up) is refused: its client begins again.
+    /// Tells every shard's scan service that `ended` queries ended.
     fn queries_ended(&mut self, ended: Vec<QueryId>) {
         for query in ended {
-            if let Some(b) = self.begins.remove(&query) {
-                let _ = b.reply.send(Err(BeginRefused::CatchingUp {
-                    snapshot: self.state.hwm().snapshot().get(),
-                    target: b.ticket.snapshot.get(),
-                }));
-            }
             self.to_shards(|| ShardMsg::QueryEnded { query });
         }
         self.long_queries();

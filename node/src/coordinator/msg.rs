@@ -66,10 +66,6 @@ pub enum CoordMsg {
         id: QueryId,
         reply: flume::Sender<Option<QueryTicket>>,
     },
-    /// From a shard: its scan service serves `query` (the answer to
-    /// [`ShardMsg::QueryBegun`](crate::shard::ShardMsg::QueryBegun)). The query's begin is
-    /// answered once every shard knows it.
-    QueryKnown { query: QueryId, shard: u16 },
     /// From the coordinator service: `owner`'s connection closed; its queries end.
     ConnectionClosed { owner: Owner },
     /// From a shard: it combined a regular file of `table`; later scan plans list it.

@@ -91,7 +91,6 @@ pub fn up(msg: &CoordMsg) -> Option<(Kind, u16, Vec<u8>)> {
             *shard,
             e.u64(*id).u64(u64::from(*ok)).0,
         ),
-        CoordMsg::QueryKnown { query, shard } => (Kind::QueryKnown, *shard, e.u64(*query).0),
         CoordMsg::FileAdded { table, file } => (
             Kind::FileAdded,
             file.shard,
@@ -152,10 +151,6 @@ pub fn coord_msg(frame: &Frame, shard: u16) -> Result<Up, String> {
             id: d.u64("a checkpoint id")?,
             shard,
             ok: d.u64("a checkpoint's outcome")? != 0,
-        },
-        Kind::QueryKnown => CoordMsg::QueryKnown {
-            query: d.u64("a query")?,
-            shard,
         },
         Kind::FileAdded => CoordMsg::FileAdded {
             table: table(&mut d)?,

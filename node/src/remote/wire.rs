@@ -40,7 +40,7 @@ pub enum Kind {
     Failed = 24,
     ShardFailed = 25,
     CheckpointDone = 26,
-    QueryKnown = 27,
+    // 27 was QueryKnown: a begin no longer waits for the shards.
     FileAdded = 28,
     FileReplaced = 29,
     VisCheckpointDone = 30,
@@ -66,7 +66,6 @@ impl Kind {
             24 => Failed,
             25 => ShardFailed,
             26 => CheckpointDone,
-            27 => QueryKnown,
             28 => FileAdded,
             29 => FileReplaced,
             30 => VisCheckpointDone,

@@ -77,8 +77,7 @@ pub struct ShardActor {
     /// Checkpoint images being written: the actor waits for them before it ends.
     writing: Rc<std::cell::Cell<usize>>,
     /// Queries at a snapshot this shard has not applied through yet (a shard started again
-    /// from a checkpoint while the others went on): served, and known to the coordinator,
-    /// once it has.
+    /// from a checkpoint while the others went on): served once it has.
     behind: Vec<(QueryId, Timestamp, u64)>,
     batch_buffers: Option<BatchBuffers>,
 }
@@ -199,7 +198,7 @@ impl ShardActor {
                 query,
                 snapshot,
                 secret,
-            } => self.on_query_begun(query, snapshot, secret).await,
+            } => self.on_query_begun(query, snapshot, secret),
             ShardMsg::QueryEnded { query } => {
                 self.behind.retain(|(q, _, _)| *q != query);
                 self.queries.borrow_mut().ended(query)
@@ -244,7 +243,7 @@ impl ShardActor {
                 .partition(|(_, snapshot, _)| *snapshot <= through);
             self.behind = later;
             for (query, snapshot, secret) in now {
-                self.on_query_begun(query, snapshot, secret).await;
+                self.on_query_begun(query, snapshot, secret);
             }
         }
     }
@@ -494,22 +493,16 @@ impl ShardActor {
             .await;
     }
 
-    /// The scan service serves `query` from now on; the coordinator hears so. A query at a
-    /// snapshot this shard has not reached waits until it has (a shard started again from a
-    /// checkpoint catches up while HWM, and the queries, stay where they were).
-    async fn on_query_begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+    /// The scan service serves `query` from now on. A query at a snapshot this shard has not
+    /// reached is held until it has (a shard started again from a checkpoint catches up while
+    /// HWM, and the queries, stay where they were): its scan calls wait meanwhile.
+    fn on_query_begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
         if snapshot > self.shard.applied_through() {
             self.behind.push((query, snapshot, secret));
+            self.queries.borrow_mut().hold(query, secret);
             return;
         }
         self.queries.borrow_mut().begun(query, snapshot, secret);
-        let _ = self
-            .coord
-            .send_async(CoordMsg::QueryKnown {
-                query,
-                shard: self.id,
-            })
-            .await;
     }
 
     /// Takes this shard's image of checkpoint `id` now (the barrier comes right after the

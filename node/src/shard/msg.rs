@@ -51,9 +51,8 @@ pub enum ShardMsg {
     /// From the coordinator: query `query` ended; drop its visibility checkpoint, if any.
     DropVisCheckpoint { query: QueryId },
     /// From the coordinator, before the query's begin is answered: the scan service may serve
-    /// `query` (presented with `secret`) at `snapshot`. The shard answers
-    /// [`CoordMsg::QueryKnown`](crate::coordinator::CoordMsg::QueryKnown) once it does, so a
-    /// client's first call after beginQuery finds the query here.
+    /// `query` (presented with `secret`) at `snapshot`. The begin does not wait for the shard
+    /// to take it: a client's call that comes first waits for it in the scan service.
     QueryBegun {
         query: QueryId,
         snapshot: Timestamp,

@@ -4,9 +4,12 @@
 //! presented with their secret, then a message to the shard, answered from its state.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::oneshot;
 
 use retina_protocol::retina_capnp::{bootstrap, scan_service};
 use retina_storage::{RowGroupBitmap, StorageError, Timestamp};
@@ -43,34 +46,158 @@ pub async fn serve_scan(
 
 /// The queries a shard's scan service serves, as the coordinator told the shard: each with
 /// its snapshot and secret. Lives on the shard's core; bounded by the coordinator's limits on
-/// running queries.
+/// running queries (and [`MAX_WAITING_CALLS`], [`RECENT_ENDS`]).
+///
+/// The coordinator answers a begin as soon as it has sent every shard the query's
+/// `QueryBegun`, without waiting for them to take it: a scan call that overtakes it (a remote
+/// shard's message still on the wire, a shard between two batches) waits for it here
+/// ([`admit_when_known`]), up to [`UNKNOWN_QUERY_WAIT`] for a query the shard has not heard of
+/// at all, and for as long as it runs for one the shard holds back until it has applied
+/// through the query's snapshot.
 #[derive(Default)]
 pub struct RunningQueries {
     running: HashMap<QueryId, (Timestamp, u64)>,
+    /// Queries begun at a snapshot this shard has not applied through yet, with their secret:
+    /// served once it has.
+    held: HashMap<QueryId, u64>,
     /// Ended queries whose `QueryBegun` has not come yet (an end may overtake it): it is then
     /// dropped. An entry leaves when that message comes.
     ended_early: HashSet<QueryId>,
+    /// The last [`RECENT_ENDS`] queries that ended, oldest first: a call for one is refused at
+    /// once instead of waiting for a `QueryBegun` that will not come.
+    recent_ends: VecDeque<QueryId>,
+    recently_ended: HashSet<QueryId>,
+    /// Calls waiting for their query's `QueryBegun` (or its end).
+    waiting: Vec<(QueryId, oneshot::Sender<()>)>,
+}
+
+/// How long a scan call for a query this shard has not heard of waits for its `QueryBegun`
+/// before it is refused (leaseExpired): the coordinator sends it before it answers the begin,
+/// so a real query's comes within moments.
+pub const UNKNOWN_QUERY_WAIT: Duration = Duration::from_secs(1);
+/// Scan calls that may wait for their query at once on a shard; more are refused at once.
+pub const MAX_WAITING_CALLS: usize = 1024;
+/// Ended queries a shard remembers, so that a late call for one is refused at once.
+const RECENT_ENDS: usize = 4096;
+
+/// What a shard knows of a query a scan call names.
+#[derive(Debug, PartialEq)]
+enum Known {
+    /// Running at this snapshot, and the call presented its secret.
+    Running(Timestamp),
+    /// Ended, or presented with a wrong secret.
+    Refused,
+    /// Begun, and held until this shard reaches its snapshot.
+    Held,
+    /// Not heard of (yet).
+    Unknown,
 }
 
 impl RunningQueries {
     pub fn begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        self.held.remove(&query);
         if !self.ended_early.remove(&query) {
             self.running.insert(query, (snapshot, secret));
         }
+        self.wake(query);
+    }
+
+    /// `query` (presented with `secret`) is begun, at a snapshot this shard has not reached:
+    /// calls for it wait until [`Self::begun`] (or its end).
+    pub fn hold(&mut self, query: QueryId, secret: u64) {
+        self.held.insert(query, secret);
     }
 
     pub fn ended(&mut self, query: QueryId) {
-        if self.running.remove(&query).is_none() {
+        let held = self.held.remove(&query).is_some();
+        if self.running.remove(&query).is_none() && !held {
             self.ended_early.insert(query);
+        }
+        if self.recently_ended.insert(query) {
+            self.recent_ends.push_back(query);
+            if self.recent_ends.len() > RECENT_ENDS
+                && let Some(oldest) = self.recent_ends.pop_front()
+            {
+                self.recently_ended.remove(&oldest);
+            }
+        }
+        self.wake(query);
+    }
+
+    fn known(&self, query: QueryId, secret: u64) -> Known {
+        if let Some((ts, s)) = self.running.get(&query) {
+            return if *s == secret {
+                Known::Running(*ts)
+            } else {
+                Known::Refused
+            };
+        }
+        match self.held.get(&query) {
+            Some(s) if *s == secret => Known::Held,
+            Some(_) => Known::Refused,
+            None if self.recently_ended.contains(&query) || self.ended_early.contains(&query) => {
+                Known::Refused
+            }
+            None => Known::Unknown,
         }
     }
 
-    /// The snapshot of running query `query` if `secret` is its secret.
-    pub fn snapshot(&self, query: QueryId, secret: u64) -> Option<Timestamp> {
-        self.running
-            .get(&query)
-            .filter(|(_, s)| *s == secret)
-            .map(|(ts, _)| *ts)
+    /// A receiver that hears when `query` is begun or ends; `None` when too many calls wait.
+    fn wait_for(&mut self, query: QueryId) -> Option<oneshot::Receiver<()>> {
+        if self.waiting.len() >= MAX_WAITING_CALLS {
+            // Calls that stopped waiting (refused at their deadline) leave their place here.
+            self.waiting.retain(|(_, tx)| !tx.is_canceled());
+            if self.waiting.len() >= MAX_WAITING_CALLS {
+                return None;
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        self.waiting.push((query, tx));
+        Some(rx)
+    }
+
+    fn wake(&mut self, query: QueryId) {
+        if self.waiting.iter().any(|(q, _)| *q == query) {
+            let (wake, keep) = std::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|(q, _)| *q == query);
+            self.waiting = keep;
+            for (_, tx) in wake {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+/// The snapshot of running query `query` presented with `secret`, once this shard knows it:
+/// a call that overtook the query's `QueryBegun` waits for it (see [`RunningQueries`]).
+/// `None`: the query ended, the secret is wrong, or the shard did not hear of it in time.
+pub async fn admit_when_known(
+    queries: &RefCell<RunningQueries>,
+    query: QueryId,
+    secret: u64,
+    unknown_wait: Duration,
+) -> Option<Timestamp> {
+    let deadline = Instant::now() + unknown_wait;
+    loop {
+        let bounded = match queries.borrow().known(query, secret) {
+            Known::Running(ts) => return Some(ts),
+            Known::Refused => return None,
+            Known::Held => false,
+            Known::Unknown => true,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if bounded && left.is_zero() {
+            return None;
+        }
+        let heard = queries.borrow_mut().wait_for(query)?;
+        if bounded {
+            let timer = std::pin::pin!(glommio::timer::sleep(left));
+            // Either way, look again: at the deadline an unknown query is refused.
+            let _ = futures::future::select(heard, timer).await;
+        } else {
+            let _ = heard.await;
+        }
     }
 }
 
@@ -99,13 +226,11 @@ impl Refused {
 impl ScanService {
     /// The snapshot a call may read: a timestamp, and the snapshot of the running query it
     /// names.
-    fn admit(&self, query: u64, secret: u64, snapshot: u64) -> Result<Timestamp, Refused> {
+    async fn admit(&self, query: u64, secret: u64, snapshot: u64) -> Result<Timestamp, Refused> {
         let ts = Timestamp::new(snapshot)
             .map_err(|e| Refused::Invalid(format!("snapshot {snapshot}: {e}")))?;
-        let theirs = self
-            .queries
-            .borrow()
-            .snapshot(query, secret)
+        let theirs = admit_when_known(&self.queries, query, secret, UNKNOWN_QUERY_WAIT)
+            .await
             .ok_or(Refused::NotRunning(query))?;
         if theirs != ts {
             return Err(Refused::Invalid(format!(
@@ -138,14 +263,14 @@ fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
 impl ScanService {
     /// [`Self::admit`] for a bitmaps call naming `row_groups` row groups in all, within the
     /// bound.
-    fn admit_bitmaps(
+    async fn admit_bitmaps(
         &self,
         query: u64,
         secret: u64,
         snapshot: u64,
         row_groups: u64,
     ) -> Result<Timestamp, Refused> {
-        let ts = self.admit(query, secret, snapshot)?;
+        let ts = self.admit(query, secret, snapshot).await?;
         if row_groups > u64::from(MAX_ROW_GROUPS_PER_CALL) {
             return Err(Refused::Invalid(format!(
                 "{row_groups} row groups: at most {MAX_ROW_GROUPS_PER_CALL} per call"
@@ -215,12 +340,14 @@ impl scan_service::Server for ScanService {
     ) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let list = p.get_row_groups()?;
-        let admitted = self.admit_bitmaps(
-            p.get_query_id(),
-            p.get_secret(),
-            p.get_snapshot(),
-            u64::from(list.len()),
-        );
+        let admitted = self
+            .admit_bitmaps(
+                p.get_query_id(),
+                p.get_secret(),
+                p.get_snapshot(),
+                u64::from(list.len()),
+            )
+            .await;
         let ts = match admitted {
             Ok(ts) => ts,
             Err(r) => {
@@ -247,12 +374,14 @@ impl scan_service::Server for ScanService {
         for f in files.iter() {
             row_groups += u64::from(f.get_row_groups()?.len());
         }
-        let admitted = self.admit_bitmaps(
-            p.get_query_id(),
-            p.get_secret(),
-            p.get_snapshot(),
-            row_groups,
-        );
+        let admitted = self
+            .admit_bitmaps(
+                p.get_query_id(),
+                p.get_secret(),
+                p.get_snapshot(),
+                row_groups,
+            )
+            .await;
         let ts = match admitted {
             Ok(ts) => ts,
             Err(r) => {
@@ -295,6 +424,7 @@ impl scan_service::Server for ScanService {
         let table = p.get_table();
         let admitted = self
             .admit(p.get_query_id(), p.get_secret(), p.get_snapshot())
+            .await
             .and_then(|ts| {
                 if known_list.len() > MAX_KNOWN_FILES {
                     return Err(Refused::Invalid(format!(
@@ -460,6 +590,111 @@ mod tests {
     use super::*;
     use arrow::array::{Int64Array, StringArray};
     use arrow::record_batch::RecordBatch;
+
+    /// Runs `f` on a glommio executor of its own, as the scan service runs on a shard's core.
+    fn on_core<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
+        f: impl FnOnce() -> F + Send + 'static,
+    ) -> T {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move { f().await })
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_scan_call_that_overtakes_its_query_waits_for_it() {
+        fn ts(v: u64) -> Timestamp {
+            Timestamp::new(v).unwrap()
+        }
+        let long = Duration::from_secs(60);
+        on_core(move || async move {
+            let q = Rc::new(RefCell::new(RunningQueries::default()));
+            let later = |f: Box<dyn FnOnce(&mut RunningQueries)>, after_ms| {
+                let q = q.clone();
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(Duration::from_millis(after_ms)).await;
+                    f(&mut q.borrow_mut());
+                })
+                .detach();
+            };
+            // Begun after the call came: the call is served.
+            later(Box::new(|r| r.begun(1, ts(5), 11)), 20);
+            assert_eq!(admit_when_known(&q, 1, 11, long).await, Some(ts(5)));
+            // Running: at once, and only with its secret.
+            let at = Instant::now();
+            assert_eq!(admit_when_known(&q, 1, 11, long).await, Some(ts(5)));
+            assert_eq!(admit_when_known(&q, 1, 12, long).await, None);
+            assert!(at.elapsed() < Duration::from_secs(5));
+            // Never heard of: refused once the wait is over, not before.
+            let at = Instant::now();
+            let wait = Duration::from_millis(50);
+            assert_eq!(admit_when_known(&q, 2, 11, wait).await, None);
+            assert!(at.elapsed() >= wait);
+            // Held until the shard reaches its snapshot: waits past the bound for unknown
+            // queries, and is served once begun; with a wrong secret, refused at once.
+            q.borrow_mut().hold(3, 33);
+            assert_eq!(admit_when_known(&q, 3, 34, long).await, None);
+            later(Box::new(|r| r.begun(3, ts(9), 33)), 100);
+            let at = Instant::now();
+            assert_eq!(
+                admit_when_known(&q, 3, 33, Duration::from_millis(10)).await,
+                Some(ts(9))
+            );
+            assert!(at.elapsed() >= Duration::from_millis(100));
+            // Ended while a call waits for it, held or not heard of: refused then.
+            q.borrow_mut().hold(4, 44);
+            later(Box::new(|r| r.ended(4)), 20);
+            later(Box::new(|r| r.ended(5)), 20);
+            let at = Instant::now();
+            assert_eq!(admit_when_known(&q, 4, 44, long).await, None);
+            assert_eq!(admit_when_known(&q, 5, 55, long).await, None);
+            assert!(at.elapsed() < Duration::from_secs(5));
+            // Ended before its call (or before its QueryBegun, which then is dropped), or
+            // ended after running: refused at once.
+            q.borrow_mut().ended(6);
+            q.borrow_mut().begun(6, ts(9), 66);
+            q.borrow_mut().ended(1);
+            let at = Instant::now();
+            assert_eq!(admit_when_known(&q, 6, 66, long).await, None);
+            assert_eq!(admit_when_known(&q, 1, 11, long).await, None);
+            assert!(at.elapsed() < Duration::from_secs(5));
+            assert!(q.borrow().waiting.iter().all(|(_, tx)| tx.is_canceled()));
+        });
+    }
+
+    #[test]
+    fn waiting_scan_calls_are_bounded() {
+        on_core(|| async {
+            let q = Rc::new(RefCell::new(RunningQueries::default()));
+            let waiters: Vec<_> = (0..MAX_WAITING_CALLS as u64)
+                .map(|i| {
+                    let q = q.clone();
+                    glommio::spawn_local(async move {
+                        admit_when_known(&q, 100 + i, 1, Duration::from_secs(60)).await
+                    })
+                })
+                .collect();
+            glommio::yield_if_needed().await;
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+            assert_eq!(q.borrow().waiting.len(), MAX_WAITING_CALLS);
+            // One more is refused at once.
+            let at = Instant::now();
+            assert_eq!(
+                admit_when_known(&q, 7, 1, Duration::from_secs(60)).await,
+                None
+            );
+            assert!(at.elapsed() < Duration::from_secs(5));
+            // Every waiter is let go when its query begins.
+            for i in 0..MAX_WAITING_CALLS as u64 {
+                q.borrow_mut().begun(100 + i, Timestamp::new(2).unwrap(), 1);
+            }
+            for w in waiters {
+                assert_eq!(w.await, Some(Timestamp::new(2).unwrap()));
+            }
+            assert!(q.borrow().waiting.is_empty());
+        });
+    }
 
     #[test]
     fn a_large_block_goes_out_in_bounded_pieces_that_cover_it_once() {
