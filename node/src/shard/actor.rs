@@ -76,9 +76,6 @@ pub struct ShardActor {
     stopped: bool,
     /// Checkpoint images being written: the actor waits for them before it ends.
     writing: Rc<std::cell::Cell<usize>>,
-    /// Queries at a snapshot this shard has not applied through yet (a shard started again
-    /// from a checkpoint while the others went on): served once it has.
-    behind: Vec<(QueryId, Timestamp, u64)>,
     batch_buffers: Option<BatchBuffers>,
 }
 
@@ -145,7 +142,6 @@ impl ShardActor {
             queries,
             stopped: false,
             writing: Rc::default(),
-            behind: Vec::new(),
             batch_buffers: setup.batch_buffers,
         };
         let mut control_open = true;
@@ -199,10 +195,7 @@ impl ShardActor {
                 snapshot,
                 secret,
             } => self.on_query_begun(query, snapshot, secret),
-            ShardMsg::QueryEnded { query } => {
-                self.behind.retain(|(q, _, _)| *q != query);
-                self.queries.borrow_mut().ended(query)
-            }
+            ShardMsg::QueryEnded { query } => self.queries.borrow_mut().ended(query),
             ShardMsg::Checkpoint { id, ts } => self.on_checkpoint(id, ts).await,
             ShardMsg::Flushed {
                 table,
@@ -237,15 +230,7 @@ impl ShardActor {
                 ts: through,
             })
             .await;
-        if !self.behind.is_empty() {
-            let (now, later) = std::mem::take(&mut self.behind)
-                .into_iter()
-                .partition(|(_, snapshot, _)| *snapshot <= through);
-            self.behind = later;
-            for (query, snapshot, secret) in now {
-                self.on_query_begun(query, snapshot, secret);
-            }
-        }
+        self.queries.borrow_mut().applied_through(through);
     }
 
     /// Applies every transaction of the batch and advances to its "applied through".
@@ -498,11 +483,10 @@ impl ShardActor {
     /// HWM, and the queries, stay where they were): its scan calls wait meanwhile.
     fn on_query_begun(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
         if snapshot > self.shard.applied_through() {
-            self.behind.push((query, snapshot, secret));
-            self.queries.borrow_mut().hold(query, secret);
-            return;
+            self.queries.borrow_mut().hold(query, snapshot, secret);
+        } else {
+            self.queries.borrow_mut().begun(query, snapshot, secret);
         }
-        self.queries.borrow_mut().begun(query, snapshot, secret);
     }
 
     /// Takes this shard's image of checkpoint `id` now (the barrier comes right after the

@@ -57,9 +57,10 @@ pub async fn serve_scan(
 #[derive(Default)]
 pub struct RunningQueries {
     running: HashMap<QueryId, (Timestamp, u64)>,
-    /// Queries begun at a snapshot this shard has not applied through yet, with their secret:
-    /// served once it has.
-    held: HashMap<QueryId, u64>,
+    /// Queries begun at a snapshot this shard has not applied through yet (a shard started
+    /// again from a checkpoint while the others went on): served once it has
+    /// ([`Self::applied_through`]).
+    held: HashMap<QueryId, (Timestamp, u64)>,
     /// Ended queries whose `QueryBegun` has not come yet (an end may overtake it): it is then
     /// dropped. An entry leaves when that message comes.
     ended_early: HashSet<QueryId>,
@@ -81,7 +82,6 @@ pub const MAX_WAITING_CALLS: usize = 1024;
 const RECENT_ENDS: usize = 4096;
 
 /// What a shard knows of a query a scan call names.
-#[derive(Debug, PartialEq)]
 enum Known {
     /// Running at this snapshot, and the call presented its secret.
     Running(Timestamp),
@@ -102,10 +102,26 @@ impl RunningQueries {
         self.wake(query);
     }
 
-    /// `query` (presented with `secret`) is begun, at a snapshot this shard has not reached:
-    /// calls for it wait until [`Self::begun`] (or its end).
-    pub fn hold(&mut self, query: QueryId, secret: u64) {
-        self.held.insert(query, secret);
+    /// `query` (presented with `secret`) is begun, at a `snapshot` this shard has not reached:
+    /// calls for it wait until [`Self::applied_through`] reaches it (or it ends).
+    pub fn hold(&mut self, query: QueryId, snapshot: Timestamp, secret: u64) {
+        self.held.insert(query, (snapshot, secret));
+    }
+
+    /// The shard has applied through `ts`: the queries held for it are served.
+    pub fn applied_through(&mut self, ts: Timestamp) {
+        if self.held.is_empty() {
+            return;
+        }
+        let reached: Vec<_> = self
+            .held
+            .iter()
+            .filter(|(_, (snapshot, _))| *snapshot <= ts)
+            .map(|(q, (snapshot, secret))| (*q, *snapshot, *secret))
+            .collect();
+        for (query, snapshot, secret) in reached {
+            self.begun(query, snapshot, secret);
+        }
     }
 
     pub fn ended(&mut self, query: QueryId) {
@@ -133,7 +149,7 @@ impl RunningQueries {
             };
         }
         match self.held.get(&query) {
-            Some(s) if *s == secret => Known::Held,
+            Some((_, s)) if *s == secret => Known::Held,
             Some(_) => Known::Refused,
             None if self.recently_ended.contains(&query) || self.ended_early.contains(&query) => {
                 Known::Refused
@@ -178,7 +194,8 @@ pub async fn admit_when_known(
     secret: u64,
     unknown_wait: Duration,
 ) -> Option<Timestamp> {
-    let deadline = Instant::now() + unknown_wait;
+    // Set at the first look that finds nothing: most calls find their query at once.
+    let mut deadline = None;
     loop {
         let bounded = match queries.borrow().known(query, secret) {
             Known::Running(ts) => return Some(ts),
@@ -186,6 +203,7 @@ pub async fn admit_when_known(
             Known::Held => false,
             Known::Unknown => true,
         };
+        let deadline = *deadline.get_or_insert_with(|| Instant::now() + unknown_wait);
         let left = deadline.saturating_duration_since(Instant::now());
         if bounded && left.is_zero() {
             return None;
@@ -633,9 +651,9 @@ mod tests {
             assert!(at.elapsed() >= wait);
             // Held until the shard reaches its snapshot: waits past the bound for unknown
             // queries, and is served once begun; with a wrong secret, refused at once.
-            q.borrow_mut().hold(3, 33);
+            q.borrow_mut().hold(3, ts(9), 33);
             assert_eq!(admit_when_known(&q, 3, 34, long).await, None);
-            later(Box::new(|r| r.begun(3, ts(9), 33)), 100);
+            later(Box::new(|r| r.applied_through(ts(9))), 100);
             let at = Instant::now();
             assert_eq!(
                 admit_when_known(&q, 3, 33, Duration::from_millis(10)).await,
@@ -643,7 +661,7 @@ mod tests {
             );
             assert!(at.elapsed() >= Duration::from_millis(100));
             // Ended while a call waits for it, held or not heard of: refused then.
-            q.borrow_mut().hold(4, 44);
+            q.borrow_mut().hold(4, ts(12), 44);
             later(Box::new(|r| r.ended(4)), 20);
             later(Box::new(|r| r.ended(5)), 20);
             let at = Instant::now();
