@@ -125,6 +125,31 @@ pub async fn begin(coordinator: &coordinator::Client) -> Result<QueryInfo, Clien
     query_info(resp.get()?.get_result()?)
 }
 
+/// Begins a query and takes the scan plan of each of `tables` at its snapshot, in one round
+/// trip: the query, and each table's plan or refusal in the order asked. A node that does not
+/// serve the combined call (an older one) is asked to begin only, and the plans are empty:
+/// ask for each with [`plan`].
+pub async fn begin_and_plan(
+    coordinator: &coordinator::Client,
+    tables: &[String],
+) -> Result<(QueryInfo, Vec<Result<ScanPlan, ClientError>>), ClientError> {
+    let mut req = coordinator.begin_query_and_plan_request();
+    let mut list = req.get().init_tables(tables.len() as u32);
+    for (i, t) in tables.iter().enumerate() {
+        list.set(i as u32, t);
+    }
+    let resp = match req.send().promise.await {
+        Err(e) if e.kind == capnp::ErrorKind::Unimplemented => {
+            return Ok((begin(coordinator).await?, Vec::new()));
+        }
+        r => r?,
+    };
+    let r = resp.get()?;
+    let query = query_info(r.get_result()?)?;
+    let plans = r.get_plans()?.iter().map(scan_plan).collect();
+    Ok((query, plans))
+}
+
 /// A `QueryResult` as a [`QueryInfo`] or the refusal.
 fn query_info(r: query_result::Reader<'_>) -> Result<QueryInfo, ClientError> {
     match r.which()? {
@@ -186,7 +211,12 @@ pub async fn plan(
     req.get().set_query_id(query);
     req.get().set_table(table);
     let resp = req.send().promise.await?;
-    let plan = match resp.get()?.get_result()?.which()? {
+    scan_plan(resp.get()?.get_result()?)
+}
+
+/// A `ScanPlanResult` as a [`ScanPlan`] or the refusal.
+fn scan_plan(r: scan_plan_result::Reader<'_>) -> Result<ScanPlan, ClientError> {
+    let plan = match r.which()? {
         scan_plan_result::Which::Ok(p) => p?,
         scan_plan_result::Which::Error(e) => return Err(refused(e)),
     };

@@ -27,8 +27,12 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 type Reply<T> = flume::Sender<Result<T, ClientError>>;
 
+/// A query begun, with the plans asked for at its snapshot.
+type BegunWithPlans = (QueryInfo, Vec<Result<ScanPlan, ClientError>>);
+
 enum Call {
     Begin(Reply<QueryInfo>),
+    BeginAndPlan(Vec<String>, Reply<BegunWithPlans>),
     End(u64, Reply<()>),
     Renew(u64, Reply<QueryInfo>),
     Tables(Reply<Vec<TableInfo>>),
@@ -147,6 +151,13 @@ impl Connection {
     /// [`Self::end`] (or until this connection closes).
     pub async fn begin(&self) -> Result<QueryInfo, ClientError> {
         self.call(Call::Begin).await
+    }
+
+    /// Begins a query as [`Self::begin`] does and takes the scan plan of each of `tables` at
+    /// its snapshot in the same round trip: each table's plan or refusal, in the order asked
+    /// (none from a node that does not serve the combined call).
+    pub async fn begin_and_plan(&self, tables: Vec<String>) -> Result<BegunWithPlans, ClientError> {
+        self.call(|reply| Call::BeginAndPlan(tables, reply)).await
     }
 
     /// Ends a query; an error if its lease had already run out.
@@ -283,6 +294,13 @@ impl Worker {
             Call::Begin(reply) => {
                 let result = self.begin().await;
                 if let Ok(q) = &result {
+                    self.keep_alive(*q);
+                }
+                let _ = reply.send(result);
+            }
+            Call::BeginAndPlan(tables, reply) => {
+                let result = calls::begin_and_plan(&self.coordinator, &tables).await;
+                if let Ok((q, _)) = &result {
                     self.keep_alive(*q);
                 }
                 let _ = reply.send(result);

@@ -27,8 +27,8 @@ mod error;
 mod types;
 
 pub use calls::{
-    MAX_REPLY_WORDS, begin, bitmap_words, bitmaps, bootstrap, coordinator, end, file_bitmap,
-    file_bitmaps, plan, read, read_at, renew, scan_service, tables, write_buffer,
+    MAX_REPLY_WORDS, begin, begin_and_plan, bitmap_words, bitmaps, bootstrap, coordinator, end,
+    file_bitmap, file_bitmaps, plan, read, read_at, renew, scan_service, tables, write_buffer,
 };
 pub use connection::Connection;
 pub use error::{ClientError, Refusal, describe};

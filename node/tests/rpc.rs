@@ -422,3 +422,93 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
     assert_eq!(bytes, 700 * 100_000);
     node.shutdown();
 }
+
+#[test]
+fn a_begin_brings_the_scan_plans_of_the_tables_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(NodeOptions {
+        data_dir: dir.path().join("data"),
+        lake: Default::default(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 5,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: None,
+        await_source: false,
+        cluster: None,
+    })
+    .unwrap();
+    let h = node.handle().clone();
+    let inserts: Vec<Vec<TableOp<Vec<Value>>>> = (0..1200)
+        .map(|id| {
+            vec![TableOp {
+                table: 0,
+                op: RowOp::Insert(vec![Value::Int(id), Value::Decimal(1)]),
+            }]
+        })
+        .collect();
+    let last = h.submit(&inserts).unwrap();
+    assert!(h.wait_visible(*last.end(), Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_millis(300)); // flushes and combinations
+
+    let addr = node.coordinator_addr().unwrap();
+    /// What a plan says: the table, the snapshot, the files with their row groups, the
+    /// write buffers' services.
+    type Said = (u32, u64, Vec<(u64, String, u64, usize)>, Vec<SocketAddr>);
+    let said = |p: &retina_client::ScanPlan| -> Said {
+        let files = p.files.iter();
+        (
+            p.table.id,
+            p.snapshot.get(),
+            files
+                .map(|f| (f.file, f.path.clone(), f.bytes, f.row_groups.len()))
+                .collect(),
+            p.buffers.clone(),
+        )
+    };
+    let (q, with_begin, alone, over, ended) = client(addr, move |_| async move {
+        let c = retina_client::coordinator(addr, "").await.unwrap();
+        let asked: Vec<String> = ["public.t", "public.nope", "public.u", &"x".repeat(1025)]
+            .map(str::to_owned)
+            .into();
+        let (q, plans) = retina_client::begin_and_plan(&c, &asked).await.unwrap();
+        let with_begin: Vec<Result<Said, String>> = plans
+            .iter()
+            .map(|p| p.as_ref().map(said).map_err(|e| e.to_string()))
+            .collect();
+        // The same query's plans asked one by one.
+        let mut alone = Vec::new();
+        for table in ["public.t", "public.u"] {
+            alone.push(said(&retina_client::plan(&c, q.id, table).await.unwrap()));
+        }
+        let over = retina_client::begin_and_plan(&c, &vec!["public.t".to_owned(); 257])
+            .await
+            .err()
+            .map(|e| e.to_string());
+        let ended = retina_client::end(&c, q.id).await.is_ok();
+        (q, with_begin, alone, over, ended)
+    });
+    assert_eq!(with_begin.len(), 4, "one answer per table asked, in order");
+    let t = with_begin[0].as_ref().unwrap();
+    assert_eq!(t.1, q.snapshot.get(), "planned at the query's snapshot");
+    assert!(!t.2.is_empty(), "the table's combined files are listed");
+    assert_eq!(t, &alone[0]);
+    assert_eq!(with_begin[2].as_ref().unwrap(), &alone[1]);
+    assert_eq!(
+        with_begin[1].as_ref().unwrap_err(),
+        "unknown table public.nope"
+    );
+    let long = with_begin[3].as_ref().unwrap_err();
+    assert!(long.contains("at most 1024"), "{long}");
+    let over = over.expect("257 tables are refused");
+    assert!(over.contains("at most 256"), "{over}");
+    assert!(ended, "the query began and ran until ended");
+    node.shutdown();
+}

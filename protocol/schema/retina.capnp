@@ -220,6 +220,11 @@ interface Coordinator {
   renewLease @2 (queryId :UInt64) -> (result :QueryResult);
   listTables @3 () -> (tables :List(Table));
   scanPlan @4 (queryId :UInt64, table :Text) -> (result :ScanPlanResult);
+  # beginQuery and a scanPlan of each of `tables` at the new query's snapshot, in one round
+  # trip: `plans` answers each table in the order asked (each its own result, as scanPlan's:
+  # an unknown table is unknownTable there and the query still begins), and is empty when the
+  # begin is refused. At most 256 tables (invalidArgument beyond, and no query begins).
+  beginQueryAndPlan @5 (tables :List(Text)) -> (result :QueryResult, plans :List(ScanPlanResult));
 }
 
 # One per shard, beside it on its core.

@@ -11,6 +11,9 @@ use crate::retina_capnp::{self as rc, ColumnType as ct};
 /// bound; duplicates count).
 pub const MAX_ROW_GROUPS_PER_CALL: u32 = 65_536;
 
+/// Tables one `beginQueryAndPlan` may ask plans of (the contract's bound).
+pub const MAX_PLANS_PER_BEGIN: u32 = 256;
+
 /// The read and write buffers of each side of an RPC connection: a message is read in a few
 /// receives and written in one send (unbuffered, each segment and its table is a receive or a
 /// send of its own, and a round trip several wake-ups of each side's executor).

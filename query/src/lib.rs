@@ -26,6 +26,7 @@ mod live;
 mod output;
 mod table;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -35,12 +36,15 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::MemorySchemaProvider;
 use datafusion::error::DataFusionError;
+use datafusion::execution::SessionState;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement;
 use futures::Stream;
 use object_store::ObjectStore;
-use retina_client::{ClientError, Connection, QueryInfo, Refusal, TableInfo};
+use retina_client::{ClientError, Connection, QueryInfo, Refusal, ScanPlan, TableInfo};
+use retina_protocol::query::MAX_PLANS_PER_BEGIN;
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
@@ -85,9 +89,55 @@ pub fn s3_store(
 pub struct RunningQuery {
     conn: Connection,
     info: QueryInfo,
+    /// Scan plans taken before the tables were scanned (with the begin, or while a statement
+    /// was planned), by table name. A table's plan serves every scan of it in the query: all
+    /// are at the query's snapshot, and a file combined after the plan was made comes back
+    /// from the write buffers.
+    plans: Mutex<HashMap<String, Arc<ScanPlan>>>,
 }
 
 impl RunningQuery {
+    fn new(conn: Connection, info: QueryInfo) -> RunningQuery {
+        RunningQuery {
+            conn,
+            info,
+            plans: Mutex::default(),
+        }
+    }
+
+    /// `table`'s scan plan at the query's snapshot: the one taken already, or a new one.
+    pub(crate) async fn plan(&self, table: &str) -> Result<Arc<ScanPlan>, ClientError> {
+        if let Some(plan) = self.plans().get(table) {
+            return Ok(plan.clone());
+        }
+        let plan = Arc::new(self.conn.plan(self.info.id, table).await?);
+        self.plans().insert(table.to_owned(), plan.clone());
+        Ok(plan)
+    }
+
+    fn plans(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ScanPlan>>> {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the plans of `tables` (each name with its plan or refusal, as asked). A refusal
+    /// is not kept: the scan asks again and reports it.
+    fn keep_plans(&self, tables: Vec<String>, plans: Vec<Result<ScanPlan, ClientError>>) {
+        let mut kept = self.plans();
+        for (table, plan) in tables.into_iter().zip(plans) {
+            if let Ok(plan) = plan {
+                kept.insert(table, Arc::new(plan));
+            }
+        }
+    }
+
+    /// Takes the plans of those of `tables` not planned yet, all at once.
+    async fn take_plans(&self, mut tables: Vec<String>) {
+        tables.retain(|t| !self.plans().contains_key(t));
+        let plans =
+            futures::future::join_all(tables.iter().map(|t| self.conn.plan(self.info.id, t))).await;
+        self.keep_plans(tables, plans);
+    }
+
     /// The snapshot every table of the query is read at.
     pub fn snapshot(&self) -> Timestamp {
         self.info.snapshot
@@ -184,32 +234,55 @@ impl Retina {
         &self,
         visibility: Visibility,
     ) -> Result<QuerySession, DataFusionError> {
+        self.start(self.context(), visibility, Vec::new()).await
+    }
+
+    /// A new session's DataFusion context, its tables not registered yet.
+    fn context(&self) -> SessionContext {
+        SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone())
+    }
+
+    /// The node's tables, if a query listed them already.
+    fn known_tables(&self) -> Option<Arc<[TableInfo]>> {
+        self.tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Begins a query, with the scan plans of `plan` taken in the same round trip, and
+    /// registers every table of the node in `ctx` at its snapshot.
+    async fn start(
+        &self,
+        ctx: SessionContext,
+        visibility: Visibility,
+        plan: Vec<String>,
+    ) -> Result<QuerySession, DataFusionError> {
+        let begin = async {
+            if plan.is_empty() {
+                Ok((self.conn.begin().await?, Vec::new()))
+            } else {
+                self.conn.begin_and_plan(plan.clone()).await
+            }
+        };
         // The first query lists the tables too, in parallel with the begin. The query is held
         // before the tables are looked at: where listing them failed, dropping it ends the
         // query.
-        let known = self
-            .tables
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let (tables, info) = match known {
-            Some(tables) => (Ok(tables), self.conn.begin().await),
+        let (tables, begun) = match self.known_tables() {
+            Some(tables) => (Ok(tables), begin.await),
             None => {
-                let (tables, info) = futures::join!(self.conn.tables(), self.conn.begin());
+                let (tables, begun) = futures::join!(self.conn.tables(), begin);
                 let tables = tables.map(Arc::<[TableInfo]>::from);
                 if let Ok(t) = &tables {
                     *self.tables.lock().unwrap_or_else(|e| e.into_inner()) = Some(t.clone());
                 }
-                (tables, info)
+                (tables, begun)
             }
         };
-        let info = info.map_err(external)?;
-        let query = Arc::new(RunningQuery {
-            conn: self.conn.clone(),
-            info,
-        });
+        let (info, plans) = begun.map_err(external)?;
+        let query = Arc::new(RunningQuery::new(self.conn.clone(), info));
+        query.keep_plans(plan, plans);
         let tables = tables.map_err(external)?;
-        let ctx = SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone());
         for t in tables.iter().cloned() {
             let name = t.schema.name().to_owned();
             // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
@@ -227,24 +300,69 @@ impl Retina {
                 Arc::new(RetinaTable::new(query.clone(), t, visibility)),
             )?;
         }
-        Ok(QuerySession { ctx, query })
+        Ok(QuerySession { ctx, query, tables })
     }
 
     /// Runs one statement in a query of its own; the query ends when the stream is dropped.
+    /// The plans of the tables it names come with the begin.
     pub async fn sql(
         &self,
         sql: &str,
     ) -> Result<(Timestamp, SendableRecordBatchStream), DataFusionError> {
-        let session = self.begin().await?;
-        let stream = session.sql(sql).await?;
+        let ctx = self.context();
+        let state = ctx.state();
+        let statement = parse(&state, sql)?;
+        let plan = tables_read(&state, &statement, self.known_tables().as_deref())?;
+        let session = self.start(ctx, Visibility::Check, plan).await?;
+        let stream = session.run(state, statement).await?;
         Ok((session.snapshot(), stream))
     }
+}
+
+/// `sql` as one statement, in the session's dialect.
+fn parse(state: &SessionState, sql: &str) -> Result<Statement, DataFusionError> {
+    let dialect = state.config().options().sql_parser.dialect;
+    state.sql_to_statement(sql, &dialect)
+}
+
+/// The names of the node's tables `statement` reads (of `known`, where the node's tables are
+/// known), at most as many as one begin may plan.
+fn tables_read(
+    state: &SessionState,
+    statement: &Statement,
+    known: Option<&[TableInfo]>,
+) -> Result<Vec<String>, DataFusionError> {
+    let options = state.config().options();
+    let (catalog, schema) = (
+        options.catalog.default_catalog.as_str(),
+        options.catalog.default_schema.as_str(),
+    );
+    let mut names: Vec<String> = Vec::new();
+    for reference in state.resolve_table_references(statement)? {
+        let r = reference.resolve(catalog, schema);
+        if *r.catalog != *catalog {
+            continue;
+        }
+        let name = if *r.schema == *schema {
+            r.table.to_string()
+        } else {
+            format!("{}.{}", r.schema, r.table)
+        };
+        let is_table = known.is_none_or(|k| k.iter().any(|t| t.schema.name() == name));
+        if is_table && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names.truncate(MAX_PLANS_PER_BEGIN as usize);
+    Ok(names)
 }
 
 /// A DataFusion session whose tables are read at one snapshot.
 pub struct QuerySession {
     ctx: SessionContext,
     query: Arc<RunningQuery>,
+    /// The node's tables.
+    tables: Arc<[TableInfo]>,
 }
 
 impl QuerySession {
@@ -267,7 +385,24 @@ impl QuerySession {
 
     /// Plans and starts `sql`. The stream keeps the query running until it is dropped.
     pub async fn sql(&self, sql: &str) -> Result<SendableRecordBatchStream, DataFusionError> {
-        let df = self.ctx.sql(sql).await?;
+        let state = self.ctx.state();
+        let statement = parse(&state, sql)?;
+        self.run(state, statement).await
+    }
+
+    /// Plans and starts `statement`, taking the scan plans of the tables it reads while
+    /// DataFusion plans it.
+    async fn run(
+        &self,
+        state: SessionState,
+        statement: Statement,
+    ) -> Result<SendableRecordBatchStream, DataFusionError> {
+        let tables = tables_read(&state, &statement, Some(&self.tables))?;
+        let (_, plan) = futures::join!(
+            self.query.take_plans(tables),
+            state.statement_to_plan(statement)
+        );
+        let df = self.ctx.execute_logical_plan(plan?).await?;
         let stream = df.execute_stream().await?;
         Ok(Box::pin(HoldingStream {
             inner: stream,

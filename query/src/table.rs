@@ -88,6 +88,32 @@ struct ObjectPart {
     settled: bool,
     /// Bit i = the object's row i, 1 = deleted at the snapshot.
     deleted: Vec<u64>,
+    /// The newest `_create_ts` of its rows, where the node told it with the object's size:
+    /// with the size, it tells this object from another written at the same path by an
+    /// earlier run of the shard, and its footer may be cached (see [`object_file`]).
+    identity: Option<u64>,
+}
+
+/// A write-buffer object as DataFusion's scan reads it. DataFusion's footer cache checks an
+/// entry against the object's size and modification time; an identified object's
+/// modification time is its rows' newest `_create_ts` (as nanoseconds since the epoch), so a
+/// cached footer serves only the object it was read from. Objects are written once at a path
+/// in a run of a shard, but a shard restarted from a checkpoint on a node of its own writes
+/// again the blocks that came after it, at the same paths. (Seconds of at most 2^64 ns are
+/// well within chrono's range.)
+fn object_file(o: &ObjectPart) -> PartitionedFile {
+    let bytes = o.bytes.expect("every object's size is known by now");
+    let mut pf = PartitionedFile::new(o.path.clone(), bytes);
+    if let Some(ts) = o.identity {
+        let at = chrono::DateTime::from_timestamp(
+            (ts / 1_000_000_000) as i64,
+            (ts % 1_000_000_000) as u32,
+        );
+        if let Some(at) = at {
+            pf.object_meta.last_modified = at;
+        }
+    }
+    pf
 }
 
 /// One contiguous run of a file's row groups that one partition reads.
@@ -129,8 +155,9 @@ impl TableProvider for RetinaTable {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let conn = &self.query.conn;
-        let plan = conn
-            .plan(self.query.id(), self.table.schema.name())
+        let plan = self
+            .query
+            .plan(self.table.schema.name())
             .await
             .map_err(external)?;
         let snapshot = plan.snapshot;
@@ -306,6 +333,7 @@ impl TableProvider for RetinaTable {
                     // Every row created by the snapshot: `_create_ts` need not be read.
                     settled: !check || part.max_create_ts.is_some_and(|t| t <= snapshot.get()),
                     deleted: part.deleted,
+                    identity: part.max_create_ts.filter(|_| part.bytes.is_some()),
                 }),
             }
         }
@@ -345,12 +373,14 @@ impl TableProvider for RetinaTable {
             let created = check && !settled;
             // Deleted rows are dropped by their number in the object, as in masked row groups.
             let tagged = check && objects.iter().any(|o| o.deleted.iter().any(|&w| w != 0));
+            // Footers are kept across queries where every object is identified (a block
+            // flushed before the node restarted is not).
+            let cache_footers = objects.iter().all(|o| o.identity.is_some());
             let blocks: Vec<PartitionedFile> = objects
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
-                    let bytes = o.bytes.expect("every object's size is known by now");
-                    let mut pf = PartitionedFile::new(o.path.clone(), bytes);
+                    let mut pf = object_file(o);
                     if tagged {
                         pf.partition_values = vec![ScalarValue::UInt32(Some(i as u32))];
                     }
@@ -384,7 +414,7 @@ impl TableProvider for RetinaTable {
                 columns,
                 if filtered { None } else { limit },
                 tagged,
-                false,
+                cache_footers,
             )?;
             if filtered {
                 let live = Liveness {
@@ -599,8 +629,9 @@ fn parquet_scan(
 /// DataFusion's Parquet scan of `groups` (one partition each), `rows` rows in all (before
 /// filters: the join planner's estimate, which picks build sides and whether to repartition).
 /// `tagged`: each file carries its index as [`FILE_COLUMN`] and every row its number in the
-/// object as [`ROW_COLUMN`], after the stored columns. `cache_footers`: the objects are regular
-/// files, whose footers are cached across queries.
+/// object as [`ROW_COLUMN`], after the stored columns. `cache_footers`: the objects' footers
+/// are kept in the session runtime's metadata cache across queries (regular files, written
+/// once under their id; identified write-buffer objects, see [`object_file`]).
 #[allow(clippy::too_many_arguments)]
 fn scan_exec(
     state: &dyn Session,

@@ -207,7 +207,60 @@ fn concurrent_sql_sessions_see_exactly_the_model_at_their_snapshot() {
             })
         })
         .collect();
+    // One statement per query (`Retina::sql`, whose begin brings the tables' plans), reading
+    // both tables and one of them twice, all at the query's snapshot.
+    let whole = {
+        let (done, reads) = (done.clone(), reads.clone());
+        rt.spawn(async move {
+            use futures::TryStreamExt;
+            let retina = Retina::connect(addr, "").unwrap();
+            let mut seen = Vec::new();
+            loop {
+                let finished = done.load(Ordering::Acquire);
+                let (snapshot, stream) = retina
+                    .sql(
+                        "SELECT (SELECT sum(balance) FROM bank.accounts) AS total, \
+                                (SELECT count(*) FROM bank.accounts) AS accounts, \
+                                (SELECT count(*) FROM bank.ledger) AS entries, \
+                                (SELECT count(*) FROM bank.ledger a JOIN bank.ledger b \
+                                 ON a.n = b.n AND a.amount = b.amount) AS pairs",
+                    )
+                    .await
+                    .unwrap();
+                let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+                seen.push((snapshot.get(), ints(&batches)));
+                reads.fetch_add(1, Ordering::Release);
+                if finished {
+                    break;
+                }
+            }
+            seen
+        })
+    };
     let first_ts = writer.join().unwrap();
+    let mut statements = 0;
+    for (snapshot, got) in rt.block_on(whole).unwrap() {
+        let (total, accounts, entries) = match snapshot.checked_sub(first_ts) {
+            Some(k) => {
+                let (a, l) = &states[k as usize];
+                (TOTAL, a.len() as i64, l.len() as i64)
+            }
+            None => (0, 0, 0),
+        };
+        if snapshot >= first_ts {
+            statements += 1;
+        }
+        let sum = got[0][0]; // NULL (no account yet) reads as 0
+        assert_eq!(
+            vec![sum, got[0][1], got[0][2], got[0][3]],
+            vec![total, accounts, entries, entries],
+            "one statement at snapshot {snapshot}"
+        );
+    }
+    assert!(
+        statements >= 3,
+        "statements ran during replay: {statements}"
+    );
     let mut checked = 0;
     let mut distinct = std::collections::BTreeSet::new();
     for r in readers {
@@ -334,6 +387,15 @@ fn bad_statements_and_unknown_tables_are_clear_errors() {
         let e = session.sql("SELEC 1").await.err().expect("a syntax error");
         assert!(e.to_string().contains("SELEC"), "{e}");
         let e = session
+            .sql("SELECT * FROM bank.nope")
+            .await
+            .err()
+            .expect("an unknown table");
+        assert!(e.to_string().contains("nope"), "{e}");
+        // The same through one-statement queries, whose begin asks for the tables' plans.
+        let e = retina.sql("SELEC 1").await.err().expect("a syntax error");
+        assert!(e.to_string().contains("SELEC"), "{e}");
+        let e = retina
             .sql("SELECT * FROM bank.nope")
             .await
             .err()
@@ -706,6 +768,25 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
             .map(|n| vec![n])
             .collect();
         assert_eq!(rows, expected);
+        // The objects' footers were kept for the connection's later queries (the node told
+        // each object's size and newest creation time), and they answer the same.
+        let cache = now
+            .context()
+            .runtime_env()
+            .cache_manager
+            .get_file_metadata_cache();
+        let footers = cache
+            .list_entries()
+            .into_keys()
+            .filter(|p| p.as_ref().contains("/buffer/"))
+            .count();
+        assert!(footers > 0, "buffer objects' footers are cached");
+        let again = ints(
+            &now.collect("SELECT n FROM bank.ledger ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(again, expected);
     });
     node.shutdown();
 }
