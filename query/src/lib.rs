@@ -28,6 +28,7 @@ mod table;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -41,13 +42,16 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement;
-use futures::Stream;
+use datafusion::sql::sqlparser::ast::{Expr, Select, SelectItem};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, Stream};
 use object_store::ObjectStore;
 use retina_client::{ClientError, Connection, QueryInfo, Refusal, ScanPlan, TableInfo};
 use retina_protocol::query::MAX_PLANS_PER_BEGIN;
 use retina_storage::Timestamp;
 
 pub use output::{Format, write_batches};
+use table::ScanInputs;
 pub use table::{RetinaTable, Visibility, user_schema};
 
 /// An S3 client of `bucket` as a reader of a node's lake builds it: the standard AWS
@@ -93,49 +97,105 @@ pub struct RunningQuery {
     /// was planned), by table name. A table's plan serves every scan of it in the query: all
     /// are at the query's snapshot, and a file combined after the plan was made comes back
     /// from the write buffers.
-    plans: Mutex<HashMap<String, Arc<ScanPlan>>>,
+    plans: Mutex<HashMap<String, Planned>>,
+    /// Whether a plan taken early has the shards asked for the scan's inputs at once (when
+    /// the visibility is checked).
+    prefetch: bool,
+}
+
+/// A table's scan plan taken early, and the scan's inputs asked for with it.
+struct Planned {
+    plan: Arc<ScanPlan>,
+    inputs: Option<Early>,
+}
+
+/// A scan's inputs asked of the shards before DataFusion knew which columns the scan reads:
+/// the columns asked for (every column the statement may read from the table), and the
+/// answer, from a task of its own: none where a call failed (the scan asks again, and reports
+/// the error).
+#[derive(Clone)]
+pub(crate) struct Early {
+    pub columns: Arc<[usize]>,
+    pub inputs: Shared<BoxFuture<'static, Option<Arc<ScanInputs>>>>,
 }
 
 impl RunningQuery {
-    fn new(conn: Connection, info: QueryInfo) -> RunningQuery {
+    fn new(conn: Connection, info: QueryInfo, visibility: Visibility) -> RunningQuery {
         RunningQuery {
             conn,
             info,
             plans: Mutex::default(),
+            prefetch: visibility == Visibility::Check,
         }
     }
 
-    /// `table`'s scan plan at the query's snapshot: the one taken already, or a new one.
-    pub(crate) async fn plan(&self, table: &str) -> Result<Arc<ScanPlan>, ClientError> {
-        if let Some(plan) = self.plans().get(table) {
-            return Ok(plan.clone());
+    /// `table`'s scan plan at the query's snapshot (the one taken already, or a new one), and
+    /// the scan's inputs if they were asked for with it.
+    pub(crate) async fn plan(
+        &self,
+        table: &str,
+    ) -> Result<(Arc<ScanPlan>, Option<Early>), ClientError> {
+        if let Some(p) = self.plans().get(table) {
+            return Ok((p.plan.clone(), p.inputs.clone()));
         }
         let plan = Arc::new(self.conn.plan(self.info.id, table).await?);
-        self.plans().insert(table.to_owned(), plan.clone());
-        Ok(plan)
+        let planned = Planned {
+            plan: plan.clone(),
+            inputs: None,
+        };
+        self.plans().insert(table.to_owned(), planned);
+        Ok((plan, None))
     }
 
-    fn plans(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<ScanPlan>>> {
+    fn plans(&self) -> std::sync::MutexGuard<'_, HashMap<String, Planned>> {
         self.plans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps the plans of `tables` (each name with its plan or refusal, as asked). A refusal
-    /// is not kept: the scan asks again and reports it.
-    fn keep_plans(&self, tables: Vec<String>, plans: Vec<Result<ScanPlan, ClientError>>) {
-        let mut kept = self.plans();
-        for (table, plan) in tables.into_iter().zip(plans) {
-            if let Ok(plan) = plan {
-                kept.insert(table, Arc::new(plan));
-            }
+    /// Keeps the plans of `tables` (each name with its plan or refusal, as asked), and asks
+    /// the shards for each scan's inputs in the columns `named` says the statement may read,
+    /// while DataFusion plans it. A refusal is not kept: the scan asks again and reports it.
+    fn keep_plans(
+        &self,
+        tables: Vec<String>,
+        plans: Vec<Result<ScanPlan, ClientError>>,
+        named: Option<&Named>,
+    ) {
+        let planned: Vec<(String, Planned)> = tables
+            .into_iter()
+            .zip(plans)
+            .filter_map(|(table, plan)| {
+                let plan = Arc::new(plan.ok()?);
+                let inputs = named.and_then(|n| self.fetch_inputs(&plan, n));
+                Some((table, Planned { plan, inputs }))
+            })
+            .collect();
+        self.plans().extend(planned);
+    }
+
+    /// Asks the shards for the inputs of a scan of `plan` in the columns `named` says the
+    /// statement may read, in a task on this tokio runtime (none outside one).
+    fn fetch_inputs(&self, plan: &Arc<ScanPlan>, named: &Named) -> Option<Early> {
+        if !self.prefetch {
+            return None;
         }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let columns: Arc<[usize]> = named.columns(&plan.table).into();
+        let asked: Vec<u16> = columns.iter().map(|&c| c as u16).collect();
+        let (conn, info, plan) = (self.conn.clone(), self.info, plan.clone());
+        let task = runtime.spawn(async move {
+            let inputs = table::scan_inputs(&conn, info, &plan, true, asked).await;
+            inputs.ok().map(Arc::new)
+        });
+        let inputs = async move { task.await.ok().flatten() }.boxed().shared();
+        Some(Early { columns, inputs })
     }
 
     /// Takes the plans of those of `tables` not planned yet, all at once.
-    async fn take_plans(&self, mut tables: Vec<String>) {
+    async fn take_plans(&self, mut tables: Vec<String>, named: Option<&Named>) {
         tables.retain(|t| !self.plans().contains_key(t));
         let plans =
             futures::future::join_all(tables.iter().map(|t| self.conn.plan(self.info.id, t))).await;
-        self.keep_plans(tables, plans);
+        self.keep_plans(tables, plans, named);
     }
 
     /// The snapshot every table of the query is read at.
@@ -234,7 +294,8 @@ impl Retina {
         &self,
         visibility: Visibility,
     ) -> Result<QuerySession, DataFusionError> {
-        self.start(self.context(), visibility, Vec::new()).await
+        self.start(self.context(), visibility, Vec::new(), None)
+            .await
     }
 
     /// A new session's DataFusion context, its tables not registered yet.
@@ -257,6 +318,7 @@ impl Retina {
         ctx: SessionContext,
         visibility: Visibility,
         plan: Vec<String>,
+        named: Option<&Named>,
     ) -> Result<QuerySession, DataFusionError> {
         let begin = async {
             if plan.is_empty() {
@@ -280,8 +342,8 @@ impl Retina {
             }
         };
         let (info, plans) = begun.map_err(external)?;
-        let query = Arc::new(RunningQuery::new(self.conn.clone(), info));
-        query.keep_plans(plan, plans);
+        let query = Arc::new(RunningQuery::new(self.conn.clone(), info, visibility));
+        query.keep_plans(plan, plans, named);
         let tables = tables.map_err(external)?;
         for t in tables.iter().cloned() {
             let name = t.schema.name().to_owned();
@@ -313,9 +375,75 @@ impl Retina {
         let state = ctx.state();
         let statement = parse(&state, sql)?;
         let plan = tables_read(&state, &statement, self.known_tables().as_deref())?;
-        let session = self.start(ctx, Visibility::Check, plan).await?;
+        let named = Named::of(&statement);
+        let session = self
+            .start(ctx, Visibility::Check, plan, named.as_ref())
+            .await?;
         let stream = session.run(state, statement).await?;
         Ok((session.snapshot(), stream))
+    }
+}
+
+/// The column names a statement may read: every identifier in its expressions (the last part
+/// of a compound one), lowercased; or every column, where it selects a wildcard. A superset of
+/// what the optimizer will find each scan reads, found before it runs (a scan checks that it
+/// is one, and asks again where it is not: a `NATURAL JOIN` or `USING` names no column).
+pub(crate) struct Named {
+    every: bool,
+    names: std::collections::HashSet<String>,
+}
+
+impl Named {
+    /// None for a statement that is not a query or DML of SQL's own (`EXPLAIN`, `COPY`).
+    fn of(statement: &Statement) -> Option<Named> {
+        use datafusion::sql::sqlparser::ast::Visit;
+        let Statement::Statement(statement) = statement else {
+            return None;
+        };
+        let mut named = Named {
+            every: false,
+            names: Default::default(),
+        };
+        let _ = statement.visit(&mut named);
+        Some(named)
+    }
+
+    /// The columns of `table` the statement may read; at least one (a scan that reads no
+    /// column still counts rows).
+    fn columns(&self, table: &TableInfo) -> Vec<usize> {
+        let columns = table.schema.columns();
+        let named: Vec<usize> = (0..columns.len())
+            .filter(|&i| self.every || self.names.contains(&columns[i].name.to_lowercase()))
+            .collect();
+        if named.is_empty() && !columns.is_empty() {
+            return vec![0];
+        }
+        named
+    }
+}
+
+/// Collects what [`Named`] holds while walking a statement.
+impl datafusion::sql::sqlparser::ast::Visitor for Named {
+    type Break = ();
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+        let ident = match expr {
+            Expr::Identifier(i) => Some(i),
+            Expr::CompoundIdentifier(parts) => parts.last(),
+            _ => None,
+        };
+        if let Some(i) = ident {
+            self.names.insert(i.value.to_lowercase());
+        }
+        ControlFlow::Continue(())
+    }
+    fn pre_visit_select(&mut self, select: &Select) -> ControlFlow<()> {
+        self.every |= select.projection.iter().any(|item| {
+            matches!(
+                item,
+                SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..)
+            )
+        });
+        ControlFlow::Continue(())
     }
 }
 
@@ -398,8 +526,9 @@ impl QuerySession {
         statement: Statement,
     ) -> Result<SendableRecordBatchStream, DataFusionError> {
         let tables = tables_read(&state, &statement, Some(&self.tables))?;
+        let named = Named::of(&statement);
         let (_, plan) = futures::join!(
-            self.query.take_plans(tables),
+            self.query.take_plans(tables, named.as_ref()),
             state.statement_to_plan(statement)
         );
         let df = self.ctx.execute_logical_plan(plan?).await?;
@@ -453,5 +582,57 @@ pub fn refusal(e: &DataFusionError) -> Option<&Refusal> {
             continue;
         }
         current = current.source()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use retina_storage::{ColumnDef, ColumnType, TableSchema};
+
+    #[test]
+    fn a_statement_names_the_columns_it_may_read() {
+        let state = SessionContext::new().state();
+        let column = |n: &str| ColumnDef::new(n, ColumnType::Int64, false);
+        let table = TableInfo {
+            id: 0,
+            schema: TableSchema::new(
+                "bank.ledger",
+                vec![column("n"), column("src"), column("dst"), column("amount")],
+                &["n"],
+            )
+            .unwrap(),
+        };
+        let columns = |sql: &str| {
+            let statement = parse(&state, sql).unwrap();
+            Named::of(&statement).map(|n| n.columns(&table))
+        };
+        assert_eq!(
+            columns("SELECT sum(l.Amount) FROM bank.ledger l WHERE l.src > 3"),
+            Some(vec![1, 3]),
+            "compound names, any case"
+        );
+        assert_eq!(
+            columns("SELECT n FROM bank.ledger WHERE n IN (SELECT dst FROM bank.ledger)"),
+            Some(vec![0, 2]),
+            "in subqueries too"
+        );
+        assert_eq!(
+            columns("SELECT count(*) FROM bank.ledger"),
+            Some(vec![0]),
+            "a row count reads one column"
+        );
+        assert_eq!(
+            columns("SELECT * FROM (SELECT n FROM bank.ledger) t, bank.ledger"),
+            Some(vec![0, 1, 2, 3]),
+            "a wildcard reads every column"
+        );
+        // Columns a join matches on without naming them are not found: the scan sees that
+        // it reads a column not asked for, and asks again.
+        assert_eq!(
+            columns("SELECT a.n FROM bank.ledger a JOIN bank.ledger b USING (amount)"),
+            Some(vec![0])
+        );
+        assert_eq!(columns("EXPLAIN SELECT n FROM bank.ledger"), None);
     }
 }

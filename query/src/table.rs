@@ -33,7 +33,8 @@ use futures::future::try_join_all;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use retina_client::{
-    BufferPart, ClientError, PartData, PlanFile, RowGroupBitmap, TableInfo, file_bitmap,
+    BufferPart, ClientError, Connection, PartData, PlanFile, QueryInfo, RowGroupBitmap, ScanPlan,
+    TableInfo, file_bitmap,
 };
 use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
 use retina_storage::file::{filter_visible, filter_visible_columns};
@@ -154,8 +155,7 @@ impl TableProvider for RetinaTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let conn = &self.query.conn;
-        let plan = self
+        let (plan, early) = self
             .query
             .plan(self.table.schema.name())
             .await
@@ -171,39 +171,36 @@ impl TableProvider for RetinaTable {
         register_store(state, &url)?;
         let check = self.visibility == Visibility::Check;
 
-        // Bitmaps of the files' row groups, and every shard's write buffer, all at once.
-        let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
-        let query = self.query.info();
-        let plan_files = &plan.files;
-        let bitmaps = async {
-            let calls = bitmap_calls(plan_files, snapshot, check);
-            let answers = try_join_all(calls.into_iter().map(|(owner, files)| async move {
-                let asked = files.iter().map(|(i, g)| (plan_files[*i].file, g.clone()));
-                let answers = conn.file_bitmaps(owner, query, asked.collect()).await?;
-                Ok::<_, ClientError>(files.into_iter().map(|(i, _)| i).zip(answers))
-            }))
-            .await?;
-            let mut bitmaps = vec![Vec::new(); plan_files.len()];
-            for (i, bits) in answers.into_iter().flatten() {
-                bitmaps[i] = bits;
+        // The bitmaps and write buffers asked for with the plan, in the columns the statement
+        // may read, where those hold the ones the scan reads; else asked for now. Memory parts
+        // come in the columns asked for (and `_create_ts`).
+        let early = match early {
+            Some(e) if check && projection.iter().all(|c| e.columns.contains(c)) => {
+                e.inputs.await.map(|inputs| (inputs, e.columns.to_vec()))
             }
-            Ok::<_, ClientError>(bitmaps)
+            _ => None,
         };
-        // Memory parts come projected to the columns the query reads (and `_create_ts`); an
-        // empty list asks for every column.
-        let buffer_columns: Vec<u16> = projection.iter().map(|&c| c as u16).collect();
-        let buffers = try_join_all(plan.buffers.iter().map(|&service| {
-            conn.write_buffer(
-                service,
-                query,
-                plan.table.id,
-                known.clone(),
-                buffer_columns.clone(),
-            )
-        }));
-        let (bitmaps, buffers) = futures::try_join!(bitmaps, buffers).map_err(external)?;
+        let (inputs, sent) = match early {
+            Some(early) => early,
+            None => {
+                // An empty list would ask for every column: a scan that reads none (a row
+                // count) asks for the first.
+                let sent = if projection.is_empty() && !schema.columns().is_empty() {
+                    vec![0]
+                } else {
+                    projection.clone()
+                };
+                let columns: Vec<u16> = sent.iter().map(|&c| c as u16).collect();
+                let inputs =
+                    scan_inputs(&self.query.conn, self.query.info(), &plan, check, columns)
+                        .await
+                        .map_err(external)?;
+                (Arc::new(inputs), sent)
+            }
+        };
+        let ScanInputs { bitmaps, buffers } = &*inputs;
 
-        let units = units(&plan.files, &bitmaps, snapshot, check);
+        let units = units(&plan.files, bitmaps, snapshot, check);
         let file_schema = schema.arrow_schema().clone();
         let predicate = pruning_predicate(state, &file_schema, filters)?;
         let partitions = state.config_options().execution.target_partitions.max(1);
@@ -267,7 +264,7 @@ impl TableProvider for RetinaTable {
             let bitmaps = Arc::new(
                 plan.files
                     .iter()
-                    .zip(&bitmaps)
+                    .zip(bitmaps)
                     .map(|(f, bits)| file_bitmap(&f.row_groups, bits))
                     .collect(),
             );
@@ -315,14 +312,15 @@ impl TableProvider for RetinaTable {
         // the query runs, pruned by their statistics.
         let mut memory = Vec::new();
         let mut objects = Vec::new();
-        for part in buffers.into_iter().flatten() {
+        for part in buffers.iter().flatten() {
             match &part.data {
                 PartData::Memory(batches) => memory.extend(memory_part(
                     &schema,
                     snapshot,
-                    &part,
+                    part,
                     batches,
                     &projection,
+                    &sent,
                     &out_schema,
                     check,
                 )?),
@@ -332,7 +330,7 @@ impl TableProvider for RetinaTable {
                     bytes: part.bytes,
                     // Every row created by the snapshot: `_create_ts` need not be read.
                     settled: !check || part.max_create_ts.is_some_and(|t| t <= snapshot.get()),
-                    deleted: part.deleted,
+                    deleted: part.deleted.clone(),
                     identity: part.max_create_ts.filter(|_| part.bytes.is_some()),
                 }),
             }
@@ -440,6 +438,51 @@ impl TableProvider for RetinaTable {
             _ => UnionExec::try_new(inputs),
         }
     }
+}
+
+/// What a scan needs from the shards besides its plan: each plan file's bitmaps (of the row
+/// groups created by the snapshot; none without the visibility check) and each write buffer.
+pub(crate) struct ScanInputs {
+    pub bitmaps: Vec<Vec<RowGroupBitmap>>,
+    pub buffers: Vec<Vec<BufferPart>>,
+}
+
+/// Asks the shards for a scan's inputs, all at once: one `fileBitmaps` call per owner shard
+/// and one `writeBuffer` call per shard, memory parts in `columns` (empty: every column).
+pub(crate) async fn scan_inputs(
+    conn: &Connection,
+    query: QueryInfo,
+    plan: &ScanPlan,
+    check: bool,
+    columns: Vec<u16>,
+) -> Result<ScanInputs, ClientError> {
+    let known: Vec<u64> = plan.files.iter().map(|f| f.file).collect();
+    let files = &plan.files;
+    let bitmaps = async {
+        let calls = bitmap_calls(files, plan.snapshot, check);
+        let answers = try_join_all(calls.into_iter().map(|(owner, asked)| async move {
+            let ids = asked.iter().map(|(i, g)| (files[*i].file, g.clone()));
+            let answers = conn.file_bitmaps(owner, query, ids.collect()).await?;
+            Ok::<_, ClientError>(asked.into_iter().map(|(i, _)| i).zip(answers))
+        }))
+        .await?;
+        let mut bitmaps = vec![Vec::new(); files.len()];
+        for (i, bits) in answers.into_iter().flatten() {
+            bitmaps[i] = bits;
+        }
+        Ok::<_, ClientError>(bitmaps)
+    };
+    let buffers = try_join_all(plan.buffers.iter().map(|&service| {
+        conn.write_buffer(
+            service,
+            query,
+            plan.table.id,
+            known.clone(),
+            columns.clone(),
+        )
+    }));
+    let (bitmaps, buffers) = futures::try_join!(bitmaps, buffers)?;
+    Ok(ScanInputs { bitmaps, buffers })
 }
 
 /// One `fileBitmaps` call: the owner shard, and its files (their index in the plan) with
@@ -718,13 +761,17 @@ fn pruning_predicate(
     Ok(Some(state.create_physical_expr(expr, &df_schema)?))
 }
 
-/// An in-memory write-buffer part's visible rows, projected.
+/// An in-memory write-buffer part's visible rows in the columns `projection`. The shard sent
+/// the columns `sent`, in that order, and `_create_ts` after them (every column, stored
+/// order, where `sent` is empty).
+#[allow(clippy::too_many_arguments)]
 fn memory_part(
     schema: &retina_storage::TableSchema,
     snapshot: Timestamp,
     part: &BufferPart,
     batches: &[RecordBatch],
     projection: &[usize],
+    sent: &[usize],
     out_schema: &SchemaRef,
     check: bool,
 ) -> Result<Option<RecordBatch>> {
@@ -736,12 +783,16 @@ fn memory_part(
     // Without the check every row is visible: the newest timestamp there can be.
     let at = if check { snapshot } else { Timestamp::MAX };
     let batch = concat_batches(&batches[0].schema(), batches)?;
-    // Projected by the shard (see `buffer_columns`) unless the projection is empty.
-    let visible = if projection.is_empty() {
+    let visible = if sent.is_empty() {
         filter_visible(&batch, schema, at, deleted, Some(projection))
     } else {
-        let columns: Vec<usize> = (0..projection.len()).collect();
-        filter_visible_columns(&batch, projection.len(), at, deleted, &columns)
+        let at_sent = |c: &usize| {
+            sent.iter().position(|s| s == c).ok_or_else(|| {
+                DataFusionError::Internal(format!("column {c} was not asked of the shards"))
+            })
+        };
+        let columns: Vec<usize> = projection.iter().map(at_sent).collect::<Result<_>>()?;
+        filter_visible_columns(&batch, sent.len(), at, deleted, &columns)
     }
     .map_err(|e| DataFusionError::External(Box::new(e)))?;
     Ok(Some(with_schema(visible, out_schema)?))

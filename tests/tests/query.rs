@@ -787,6 +787,15 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
                 .unwrap(),
         );
         assert_eq!(again, expected);
+        // A statement whose join matches on a column it does not name: the scans read a
+        // column the begin did not ask the write buffers for, and ask again.
+        use futures::TryStreamExt;
+        let (_, stream) = retina
+            .sql("SELECT count(*) FROM bank.ledger a JOIN bank.ledger b USING (amount)")
+            .await
+            .unwrap();
+        let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+        assert_eq!(ints(&batches), vec![vec![expected.len() as i64]]);
     });
     node.shutdown();
 }
