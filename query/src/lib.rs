@@ -372,14 +372,18 @@ impl Retina {
         sql: &str,
     ) -> Result<(Timestamp, SendableRecordBatchStream), DataFusionError> {
         let ctx = self.context();
-        let state = ctx.state();
-        let statement = parse(&state, sql)?;
-        let plan = tables_read(&state, &statement, self.known_tables().as_deref())?;
+        let (statement, plan) = {
+            let state = ctx.state();
+            let statement = parse(&state, sql)?;
+            let plan = tables_read(&state, &statement, self.known_tables().as_deref())?;
+            (statement, plan)
+        };
         let named = Named::of(&statement);
         let session = self
             .start(ctx, Visibility::Check, plan, named.as_ref())
             .await?;
-        let stream = session.run(state, statement).await?;
+        // The state with the tables registered.
+        let stream = session.run(session.ctx.state(), statement).await?;
         Ok((session.snapshot(), stream))
     }
 }

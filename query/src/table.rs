@@ -97,22 +97,19 @@ struct ObjectPart {
 
 /// A write-buffer object as DataFusion's scan reads it. DataFusion's footer cache checks an
 /// entry against the object's size and modification time; an identified object's
-/// modification time is its rows' newest `_create_ts` (as nanoseconds since the epoch), so a
-/// cached footer serves only the object it was read from. Objects are written once at a path
-/// in a run of a shard, but a shard restarted from a checkpoint on a node of its own writes
-/// again the blocks that came after it, at the same paths. (Seconds of at most 2^64 ns are
-/// well within chrono's range.)
+/// modification time is its rows' newest `_create_ts` (as nanoseconds since the epoch). Within
+/// a run of a shard an object is written once at its path; a shard restarted from a
+/// checkpoint on a node of its own writes the blocks after the checkpoint again at the same
+/// paths (a cluster's restarted shards number their files afresh), and a connection does not
+/// outlive that node's restart. Size and newest `_create_ts` tell such objects apart besides.
 fn object_file(o: &ObjectPart) -> PartitionedFile {
     let bytes = o.bytes.expect("every object's size is known by now");
     let mut pf = PartitionedFile::new(o.path.clone(), bytes);
     if let Some(ts) = o.identity {
-        let at = chrono::DateTime::from_timestamp(
-            (ts / 1_000_000_000) as i64,
-            (ts % 1_000_000_000) as u32,
-        );
-        if let Some(at) = at {
-            pf.object_meta.last_modified = at;
-        }
+        let secs = (ts / 1_000_000_000) as i64;
+        pf.object_meta.last_modified =
+            chrono::DateTime::from_timestamp(secs, (ts % 1_000_000_000) as u32)
+                .expect("2^64 ns after the epoch is within chrono's range");
     }
     pf
 }
