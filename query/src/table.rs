@@ -37,7 +37,7 @@ use retina_client::{
     TableInfo, file_bitmap,
 };
 use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
-use retina_storage::file::{filter_visible, filter_visible_columns};
+use retina_storage::file::filter_visible_columns;
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::live::{LiveRowsExec, Liveness};
@@ -779,19 +779,30 @@ fn memory_part(
     let deleted = if check { &part.deleted } else { &none };
     // Without the check every row is visible: the newest timestamp there can be.
     let at = if check { snapshot } else { Timestamp::MAX };
-    let batch = concat_batches(&batches[0].schema(), batches)?;
-    let visible = if sent.is_empty() {
-        filter_visible(&batch, schema, at, deleted, Some(projection))
+    // Where each column read lies in the batches, then `_create_ts`: only those are copied.
+    let mut keep: Vec<usize> = if sent.is_empty() {
+        projection.to_vec()
     } else {
         let at_sent = |c: &usize| {
             sent.iter().position(|s| s == c).ok_or_else(|| {
                 DataFusionError::Internal(format!("column {c} was not asked of the shards"))
             })
         };
-        let columns: Vec<usize> = projection.iter().map(at_sent).collect::<Result<_>>()?;
-        filter_visible_columns(&batch, sent.len(), at, deleted, &columns)
-    }
-    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        projection.iter().map(at_sent).collect::<Result<_>>()?
+    };
+    keep.push(if sent.is_empty() {
+        schema.create_ts_index()
+    } else {
+        sent.len()
+    });
+    let kept: Vec<RecordBatch> = batches
+        .iter()
+        .map(|b| b.project(&keep))
+        .collect::<std::result::Result<_, _>>()?;
+    let batch = concat_batches(&kept[0].schema(), &kept)?;
+    let columns: Vec<usize> = (0..projection.len()).collect();
+    let visible = filter_visible_columns(&batch, projection.len(), at, deleted, &columns)
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
     Ok(Some(with_schema(visible, out_schema)?))
 }
 

@@ -343,8 +343,11 @@ pub fn filter_visible_columns(
         .enumerate()
         .map(|(i, &c)| is_visible(c as u64, deleted[i / 64] >> (i % 64) & 1 != 0, s))
         .collect();
-    let filtered = filter_record_batch(batch, &BooleanArray::from(mask))?;
-    Ok(filtered.project(columns)?)
+    // Only the columns kept are copied.
+    Ok(filter_record_batch(
+        &batch.project(columns)?,
+        &BooleanArray::from(mask),
+    )?)
 }
 
 /// Writes one write-buffer block to the object store.
