@@ -37,6 +37,30 @@ fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Resu
     .map_err(|e| e.to_string())
 }
 
+/// A node on loopback whose tables fill and combine small files: 64-row blocks, 128-row row
+/// groups, 256-row files.
+fn small_files(dir: &std::path::Path, token: Option<&str>) -> Node {
+    Node::start(NodeOptions {
+        data_dir: dir.to_path_buf(),
+        lake: Default::default(),
+        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
+        settings: Settings {
+            shards: 2,
+            tile_rows: 64,
+            block_rows: 64,
+            row_group_rows: 128,
+            file_rows: 256,
+            flush_interval_ms: 5,
+            ..Settings::default()
+        },
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        auth_token: token.map(str::to_owned),
+        await_source: false,
+        cluster: None,
+    })
+    .unwrap()
+}
+
 /// Runs `f` as a Cap'n Proto client of `addr` on a glommio executor of its own.
 fn client<T: Send + 'static, F: Future<Output = T> + 'static>(
     addr: SocketAddr,
@@ -182,25 +206,7 @@ fn listening_beyond_loopback_needs_a_token() {
 #[test]
 fn a_table_read_through_the_contract_equals_the_node_s_own_read() {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
-        lake: Default::default(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 5,
-            ..Settings::default()
-        },
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        auth_token: Some("tok".into()),
-        await_source: false,
-        cluster: None,
-    })
-    .unwrap();
+    let node = small_files(&dir.path().join("data"), Some("tok"));
     let h = node.handle().clone();
     let row = |id: i64, v: i64| vec![Value::Int(id), Value::Decimal(v.into())];
     // 1,200 rows (files fill and combine), then updates and deletes of early rows.
@@ -426,25 +432,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
 #[test]
 fn a_begin_brings_the_scan_plans_of_the_tables_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(NodeOptions {
-        data_dir: dir.path().join("data"),
-        lake: Default::default(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 5,
-            ..Settings::default()
-        },
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        auth_token: None,
-        await_source: false,
-        cluster: None,
-    })
-    .unwrap();
+    let node = small_files(&dir.path().join("data"), None);
     let h = node.handle().clone();
     let inserts: Vec<Vec<TableOp<Vec<Value>>>> = (0..1200)
         .map(|id| {
