@@ -19,46 +19,47 @@ const DDL: &str = "CREATE TABLE public.t (id INT PRIMARY KEY, v DECIMAL(8,2));
                    CREATE TABLE public.u (k VARCHAR(8), n BIGINT NOT NULL, PRIMARY KEY (k, n));";
 
 fn start(dir: &std::path::Path, listen: SocketAddr, token: Option<&str>) -> Result<Node, String> {
+    let settings = Settings {
+        shards: 2,
+        query_lease_ms: 200,
+        persist_interval_ms: 10,
+        ..Settings::default()
+    };
+    start_with(dir, listen, token, settings)
+}
+
+/// A node on loopback whose tables fill and combine small files: 64-row blocks, 128-row row
+/// groups, 256-row files.
+fn small_files(dir: &std::path::Path, token: Option<&str>) -> Node {
+    let settings = Settings {
+        shards: 2,
+        tile_rows: 64,
+        block_rows: 64,
+        row_group_rows: 128,
+        file_rows: 256,
+        flush_interval_ms: 5,
+        ..Settings::default()
+    };
+    start_with(dir, "127.0.0.1:0".parse().unwrap(), token, settings).unwrap()
+}
+
+fn start_with(
+    dir: &std::path::Path,
+    listen: SocketAddr,
+    token: Option<&str>,
+    settings: Settings,
+) -> Result<Node, String> {
     Node::start(NodeOptions {
         data_dir: dir.to_path_buf(),
         lake: Default::default(),
         catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            query_lease_ms: 200,
-            persist_interval_ms: 10,
-            ..Settings::default()
-        },
+        settings,
         listen: Some(listen),
         auth_token: token.map(str::to_owned),
         await_source: false,
         cluster: None,
     })
     .map_err(|e| e.to_string())
-}
-
-/// A node on loopback whose tables fill and combine small files: 64-row blocks, 128-row row
-/// groups, 256-row files.
-fn small_files(dir: &std::path::Path, token: Option<&str>) -> Node {
-    Node::start(NodeOptions {
-        data_dir: dir.to_path_buf(),
-        lake: Default::default(),
-        catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
-        settings: Settings {
-            shards: 2,
-            tile_rows: 64,
-            block_rows: 64,
-            row_group_rows: 128,
-            file_rows: 256,
-            flush_interval_ms: 5,
-            ..Settings::default()
-        },
-        listen: Some("127.0.0.1:0".parse().unwrap()),
-        auth_token: token.map(str::to_owned),
-        await_source: false,
-        cluster: None,
-    })
-    .unwrap()
 }
 
 /// Runs `f` as a Cap'n Proto client of `addr` on a glommio executor of its own.

@@ -40,6 +40,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::SessionState;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement;
 use datafusion::sql::sqlparser::ast::{Expr, Select, SelectItem};
@@ -382,8 +383,9 @@ impl Retina {
         let session = self
             .start(ctx, Visibility::Check, plan, named.as_ref())
             .await?;
-        // The state with the tables registered.
-        let stream = session.run(session.ctx.state(), statement).await?;
+        // Every table it names was planned with the begin; planned with the tables registered.
+        let plan = session.ctx.state().statement_to_plan(statement).await?;
+        let stream = session.execute(plan).await?;
         Ok((session.snapshot(), stream))
     }
 }
@@ -535,7 +537,15 @@ impl QuerySession {
             self.query.take_plans(tables, named.as_ref()),
             state.statement_to_plan(statement)
         );
-        let df = self.ctx.execute_logical_plan(plan?).await?;
+        self.execute(plan?).await
+    }
+
+    /// Starts a statement's logical plan (its tables' plans taken already, or by its scans).
+    async fn execute(
+        &self,
+        plan: LogicalPlan,
+    ) -> Result<SendableRecordBatchStream, DataFusionError> {
+        let df = self.ctx.execute_logical_plan(plan).await?;
         let stream = df.execute_stream().await?;
         Ok(Box::pin(HoldingStream {
             inner: stream,
