@@ -1,6 +1,7 @@
 //! The primary index of one table on one shard: versioned key -> row id, and row-id ranges ->
 //! row locations. Row ids never change; storage GC moves rows by remapping their range.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
 use rustc_hash::FxBuildHasher;
@@ -62,7 +63,34 @@ impl Version {
 type Versions = SmallVec<[Version; 1]>;
 
 /// Key bytes; keys up to 24 bytes (most composite integer keys) stay inline.
-type Key = SmallVec<[u8; 24]>;
+type Key = SmallVec<[u8; INLINE_KEY_BYTES]>;
+/// Key bytes kept inline in the table.
+const INLINE_KEY_BYTES: usize = 24;
+
+/// Adds a version at `ts` to a key's `versions` (replacing one at the same timestamp) and
+/// returns the row the key mapped to before it; `count` is the index's count of versions.
+fn add_version(
+    versions: &mut Versions,
+    ts: Timestamp,
+    row: u64,
+    count: &mut usize,
+) -> Result<Option<RowId>> {
+    let last = versions.last_mut().expect("a key has at least one version");
+    if ts < last.ts {
+        return Err(StorageError::TimestampBackwards {
+            last: last.ts,
+            got: ts,
+        });
+    }
+    let previous = last.row();
+    if ts == last.ts {
+        last.row = row;
+    } else {
+        versions.push(Version { ts, row });
+        *count += 1;
+    }
+    Ok(previous)
+}
 
 /// Versioned key -> row id.
 #[derive(Default)]
@@ -116,31 +144,31 @@ impl PrimaryIndex {
     /// same timestamp (a delete and insert in one transaction) replaces the first: the
     /// transaction's final state of the key is its only version at `ts`.
     fn write(&mut self, key: &[u8], ts: Timestamp, row: u64) -> Result<Option<RowId>> {
+        // A key that fits inline is looked up by entry: one probe whether it is there or not,
+        // and building it allocates nothing. A longer one is looked up by slice first, so a
+        // key already there costs no allocation.
+        if key.len() <= INLINE_KEY_BYTES {
+            return match self.map.entry(Key::from_slice(key)) {
+                Entry::Occupied(mut entry) => {
+                    add_version(entry.get_mut(), ts, row, &mut self.versions)
+                }
+                Entry::Vacant(_) if row == TOMBSTONE => Ok(None),
+                Entry::Vacant(entry) => {
+                    entry.insert(smallvec::smallvec![Version { ts, row }]);
+                    self.versions += 1;
+                    Ok(None)
+                }
+            };
+        }
         if let Some(versions) = self.map.get_mut(key) {
-            let last = versions.last_mut().expect("a key has at least one version");
-            if ts < last.ts {
-                return Err(StorageError::TimestampBackwards {
-                    last: last.ts,
-                    got: ts,
-                });
-            }
-            let previous = last.row();
-            if ts == last.ts {
-                last.row = row;
-            } else {
-                versions.push(Version { ts, row });
-                self.versions += 1;
-            }
-            return Ok(previous);
+            return add_version(versions, ts, row, &mut self.versions);
         }
         if row == TOMBSTONE {
             // Nothing to hide: the key had no version at all.
             return Ok(None);
         }
         let key = Key::from_slice(key);
-        if key.spilled() {
-            self.spilled_key_bytes += key.capacity();
-        }
+        self.spilled_key_bytes += key.capacity();
         self.map
             .insert(key, smallvec::smallvec![Version { ts, row }]);
         self.versions += 1;
