@@ -39,6 +39,9 @@ pub enum CatalogError {
 pub struct Catalog {
     tables: Vec<Arc<TableSchema>>,
     by_name: rustc_hash::FxHashMap<String, TableId>,
+    /// Each schema's id by its address (see [`Catalog::id_of`]); the catalog holds every
+    /// schema, so no address is reused while it lives.
+    by_address: rustc_hash::FxHashMap<usize, TableId>,
 }
 
 impl Catalog {
@@ -61,6 +64,7 @@ impl Catalog {
             return Err((name, "is defined twice".into()));
         }
         let id = self.tables.len() as TableId;
+        self.by_address.insert(Arc::as_ptr(&schema) as usize, id);
         self.tables.push(schema);
         self.by_name.insert(name, id);
         Ok(id)
@@ -110,6 +114,16 @@ impl Catalog {
         }
         let (_, bare) = name.rsplit_once('.')?;
         self.by_name.get(bare).copied()
+    }
+
+    /// The id of `schema`: found by identity where it is this catalog's own (as the schemas
+    /// the sink's parse resolves are, which spares hashing the name of every event), else by
+    /// its name.
+    pub fn id_of(&self, schema: &Arc<TableSchema>) -> Option<TableId> {
+        match self.by_address.get(&(Arc::as_ptr(schema) as usize)) {
+            Some(&id) => Some(id),
+            None => self.resolve(schema.name()),
+        }
     }
 }
 
@@ -272,6 +286,29 @@ fn column_type(dt: &DataType) -> Result<(ColumnType, Option<u8>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schema_is_known_by_identity_or_by_name() {
+        let catalog = Catalog::from_ddl(
+            "CREATE TABLE a (k INT PRIMARY KEY); CREATE TABLE s.b (k INT PRIMARY KEY);",
+            "t",
+        )
+        .unwrap();
+        for (id, schema) in catalog.tables().iter().enumerate() {
+            assert_eq!(catalog.id_of(schema), Some(id as TableId));
+            // The same table parsed again (another schema, another address): by its name.
+            let copy = parse_ddl(
+                &format!("CREATE TABLE {} (k INT PRIMARY KEY)", schema.name()),
+                "t",
+            )
+            .unwrap()
+            .remove(0);
+            assert!(!Arc::ptr_eq(&copy, schema));
+            assert_eq!(catalog.id_of(&copy), Some(id as TableId));
+        }
+        let other = Catalog::from_ddl("CREATE TABLE c (k INT PRIMARY KEY)", "t").unwrap();
+        assert_eq!(catalog.id_of(&other.tables()[0]), None);
+    }
 
     #[test]
     fn tables_from_ddl() {

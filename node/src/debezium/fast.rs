@@ -15,7 +15,8 @@ use serde_json::Value as Json;
 
 use super::error::{DebeziumError, SourcePosition};
 use super::message::{
-    ChangeEvent, ChangeOp, Message, TxnRef, json_u64, parse_full, transaction_from, txn_id_owned,
+    ChangeEvent, ChangeOp, Message, TxnRef, json_u64, parse_full, shared_name, transaction_from,
+    txn_id_owned,
 };
 use super::value::{Cell, Image, ParseOptions, Rows, key_only};
 
@@ -168,12 +169,12 @@ pub(super) fn parse_change(
     let table_name = source.table?;
     let namespace = source.schema.or(source.db);
     // `namespace.table` first, then the bare name; the data collection is the first of them.
-    let qualified = namespace.map(|ns| [ns, ".", table_name].concat());
+    let qualified = namespace.map(|ns| shared_name(&[ns, ".", table_name]));
     let table = qualified
         .as_deref()
         .and_then(catalog)
         .or_else(|| catalog(table_name))?;
-    let data_collection = qualified.unwrap_or_else(|| table_name.to_owned());
+    let data_collection = qualified.unwrap_or_else(|| shared_name(&[table_name]));
     let fields = Default::default();
     let rows = Rows {
         table: &table,
@@ -207,7 +208,7 @@ pub(super) fn parse_change(
         op: change,
         snapshot: op == "r",
         txn,
-        connector: source.connector.map(str::to_owned),
+        connector: source.connector.map(|c| shared_name(&[c])),
         pos: pos.clone(),
     }))
 }

@@ -67,13 +67,13 @@ pub struct ChangeEvent {
     pub table: Arc<TableSchema>,
     /// The table as Debezium names it in END's `data_collections`: `schema.table`, or `db.table`
     /// where the source has no schema (MySQL), or the bare table name where it has neither.
-    pub data_collection: String,
+    pub data_collection: Arc<str>,
     pub op: ChangeOp,
     /// `op` was `r`: a snapshot read. Snapshot events carry no transaction block.
     pub snapshot: bool,
     pub txn: Option<TxnRef>,
     /// `source.connector` (`postgresql`, `mysql`, ...): how its transaction ids compare.
-    pub connector: Option<String>,
+    pub connector: Option<Arc<str>>,
     pub pos: SourcePosition,
 }
 
@@ -115,6 +115,39 @@ pub struct TxnRef {
     /// The event's position among the transaction's events on the same table, from 1.
     pub data_collection_order: u64,
 }
+
+/// The name made of `parts` (a table's `schema.table`, a connector's name), shared: a stream
+/// names the same few over and over, and each thread keeps the last [`SHARED_NAMES`] it made,
+/// so an event carries its names without allocating them (and without the sink freeing them).
+pub(super) fn shared_name(parts: &[&str]) -> Arc<str> {
+    thread_local! {
+        static NAMES: std::cell::RefCell<Vec<Arc<str>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let is = |name: &str| {
+        let mut rest = name;
+        parts.iter().all(|p| match rest.strip_prefix(p) {
+            Some(r) => {
+                rest = r;
+                true
+            }
+            None => false,
+        }) && rest.is_empty()
+    };
+    NAMES.with_borrow_mut(|names| {
+        if let Some(name) = names.iter().find(|n| is(n)) {
+            return name.clone();
+        }
+        let name: Arc<str> = Arc::from(parts.concat());
+        if names.len() == SHARED_NAMES {
+            names.remove(0);
+        }
+        names.push(name.clone());
+        name
+    })
+}
+
+/// Names each thread keeps for [`shared_name`].
+const SHARED_NAMES: usize = 64;
 
 /// Parses one line of a Debezium JSON stream (see `parse_line_with`) through its DOM: every
 /// shape, and every error with its text.
@@ -381,7 +414,7 @@ fn parse_change(
     let connector = source
         .get("connector")
         .and_then(Json::as_str)
-        .map(str::to_owned);
+        .map(|c| shared_name(&[c]));
     let mut tried = Vec::with_capacity(2);
     if let Some(ns) = namespace {
         tried.push(format!("{ns}.{table_name}"));
@@ -395,7 +428,7 @@ fn parse_change(
                 pos: pos.clone(),
                 tried: tried.clone(),
             })?;
-    let data_collection = tried.swap_remove(0);
+    let data_collection = shared_name(&[&tried[0]]);
 
     let rows = Rows {
         table: &table,

@@ -95,8 +95,9 @@ pub enum TxnMode {
 
 #[derive(Debug)]
 struct OpenTxn {
-    /// The id as its BEGIN wrote it (with Postgres, `txId:LSN` at the BEGIN).
-    id: String,
+    /// The id as its BEGIN wrote it (with Postgres, `txId:LSN` at the BEGIN); shared, so the
+    /// sink notes it before each line without copying it.
+    id: Arc<str>,
     begin: SourcePosition,
     events: Vec<ChangeEvent>,
     /// Transactional logical decoding messages skipped inside it; Debezium counts them among
@@ -118,7 +119,7 @@ pub struct TxnAssembler {
     mode: TxnMode,
     open: Option<OpenTxn>,
     /// `source.connector` of the last change event.
-    connector: Option<String>,
+    connector: Option<Arc<str>>,
     /// Open transactions restarted by a repeated BEGIN.
     restarts: u64,
     /// Ids of the most recently applied transactions, as a set and in applied order (to evict
@@ -199,7 +200,12 @@ impl TxnAssembler {
 
     /// The id of the transaction between its BEGIN and END, if any.
     pub fn open_transaction(&self) -> Option<&str> {
-        self.open.as_ref().map(|t| t.id.as_str())
+        self.open.as_ref().map(|t| &*t.id)
+    }
+
+    /// [`Self::open_transaction`], shared.
+    pub fn open_id(&self) -> Option<Arc<str>> {
+        self.open.as_ref().map(|t| t.id.clone())
     }
 
     /// Where the open transaction's (latest) BEGIN is, if one is open.
@@ -300,7 +306,7 @@ impl TxnAssembler {
         pos: SourcePosition,
     ) -> Result<Option<Transaction>, DebeziumError> {
         let previous = self.open.replace(OpenTxn {
-            id: id.clone(),
+            id: Arc::from(id.as_str()),
             begin: pos.clone(),
             // Room for as many events as the last transaction had: a stream's transactions
             // are mostly alike, and growing a vector of events copies them over and over.
@@ -374,7 +380,7 @@ impl TxnAssembler {
             None => {
                 let err = DebeziumError::Transaction {
                     pos: ev.pos.clone(),
-                    id: open.id.clone(),
+                    id: open.id.to_string(),
                     reason: "change event without a `transaction` block between BEGIN and END; \
                              the transaction was discarded"
                         .into(),

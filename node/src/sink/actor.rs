@@ -54,7 +54,7 @@ pub(super) fn txn_ops(catalog: &Catalog, events: Vec<ChangeEvent>) -> Ops {
         .into_iter()
         .map(|ev| TableOp {
             table: catalog
-                .resolve(ev.table.name())
+                .id_of(&ev.table)
                 .expect("events name catalog tables"),
             op: RowOp::from(ev.op),
         })
@@ -389,7 +389,7 @@ impl Sink<'_> {
                 }
             }
         }
-        let open = self.assembler.open_transaction().map(str::to_owned);
+        let open = self.assembler.open_id();
         if open.is_none() {
             self.txn_begin = self.line_start;
         }
@@ -482,7 +482,7 @@ impl Sink<'_> {
                 }
                 true
             }
-            Err(e) => self.on_error(e, open, text.get()),
+            Err(e) => self.on_error(e, open.as_deref().map(str::to_owned), text.get()),
         }
     }
 

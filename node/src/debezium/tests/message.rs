@@ -20,7 +20,7 @@ fn every_op_in_the_bare_form() {
     let ev = change(&event("c", Json::Null, row.clone(), Some(("t1", 1))).to_string());
     assert_eq!(ev.op, ChangeOp::Insert(order_row(1, 2, Some(350))));
     assert_eq!(ev.table.name(), "public.orders");
-    assert_eq!(ev.data_collection, "public.orders");
+    assert_eq!(&*ev.data_collection, "public.orders");
     assert!(!ev.snapshot);
     assert_eq!(
         ev.txn,
@@ -206,7 +206,7 @@ fn table_resolution() {
     });
     let ev = change(&line.to_string());
     assert_eq!(ev.table.name(), "items");
-    assert_eq!(ev.data_collection, "inventory.items");
+    assert_eq!(&*ev.data_collection, "inventory.items");
     assert_eq!(
         ev.op,
         ChangeOp::Insert(vec![
@@ -794,4 +794,31 @@ fn markers_read_in_one_pass_agree_with_the_full_parse() {
         format!("{:?}", parse(r#"{"status":"BEGIN","id":"b"}"#, 1))
     );
     assert!(full(r#"{"status":"END","id":"t"}"#).contains("without an `event_count`"));
+}
+
+#[test]
+fn shared_names_are_made_of_exactly_their_parts() {
+    use crate::debezium::message::shared_name;
+    let a = shared_name(&["public", ".", "orders"]);
+    assert_eq!(&*a, "public.orders");
+    // The same parts again: the same name, not a copy.
+    assert!(Arc::ptr_eq(&a, &shared_name(&["public", ".", "orders"])));
+    assert!(Arc::ptr_eq(&a, &shared_name(&["public.orders"])));
+    // Prefixes, extensions and other splits of other names are other names.
+    for (parts, name) in [
+        (&["public", ".", "order"][..], "public.order"),
+        (&["public", ".", "orders2"][..], "public.orders2"),
+        (&["public", "orders"][..], "publicorders"),
+        (&["pub", ".", "lic.orders"][..], "pub.lic.orders"),
+        (&[""][..], ""),
+    ] {
+        let n = shared_name(parts);
+        assert_eq!(&*n, name);
+        assert!(!Arc::ptr_eq(&n, &a), "{name}");
+    }
+    // More names than a thread keeps: each is still right.
+    for i in 0..200 {
+        assert_eq!(&*shared_name(&["s", ".", &i.to_string()]), format!("s.{i}"));
+    }
+    assert_eq!(&*shared_name(&["public", ".", "orders"]), "public.orders");
 }

@@ -61,7 +61,7 @@ struct Held {
     events: Vec<Located>,
     positions: HashSet<(u32, i64)>,
     orders: HashSet<u64>,
-    counts: HashMap<String, u64>,
+    counts: HashMap<Arc<str>, u64>,
 }
 
 impl Held {

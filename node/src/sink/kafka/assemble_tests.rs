@@ -63,7 +63,7 @@ fn layout(txns: &[Txn]) -> Vec<Vec<Message>> {
             let o = parts[p as usize].len() as i64;
             parts[p as usize].push(Message::Change(ChangeEvent {
                 table: table(c),
-                data_collection: c.to_string(),
+                data_collection: (*c).into(),
                 op: ChangeOp::Upsert(vec![Value::Int(*key)]),
                 snapshot: false,
                 txn: Some(TxnRef {
@@ -112,7 +112,7 @@ fn summary(t: &KafkaTxn) -> (String, Vec<(String, i64)>) {
         .iter()
         .map(|e| match &e.op {
             ChangeOp::Upsert(row) => match row[0] {
-                Value::Int(k) => (e.data_collection.clone(), k),
+                Value::Int(k) => (e.data_collection.to_string(), k),
                 _ => unreachable!(),
             },
             _ => unreachable!(),
