@@ -17,7 +17,7 @@ use retina_storage::{RowOp, RowRef, TableId, TableOp, Timestamp, Value};
 use rkyv::util::AlignedVec;
 
 use crate::catalog::Catalog;
-use crate::coordinator::{CoordMsg, LOCAL, QueryId, SourceMark};
+use crate::coordinator::{CoordMsg, LOCAL, QueryId, Sequencer, SourceMark};
 use crate::debezium::DecimalHandling;
 use crate::error::NodeError;
 use crate::shard::ShardMsg;
@@ -51,6 +51,8 @@ pub struct NodeHandle {
     pub(crate) submit_order: Arc<Mutex<()>>,
     pub(crate) shards: Vec<flume::Sender<ShardMsg>>,
     pub(crate) coord: flume::Sender<CoordMsg>,
+    /// The coordinator's timestamps, drawn from at group begin.
+    pub(crate) sequencer: Arc<Sequencer>,
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) status: Arc<NodeStatus>,
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -219,7 +221,7 @@ impl NodeHandle {
         let _ = self.coord.send(CoordMsg::CaughtUp { ts });
     }
 
-    /// `n` consecutive timestamps from the coordinator (group begin).
+    /// `n` consecutive timestamps from the coordinator's [`Sequencer`] (group begin).
     ///
     /// In a cluster, waits while the leader's lease is not renewed (etcd unreachable): a
     /// leader that cannot tell whether it still leads makes nothing new visible. A lease lost
@@ -232,11 +234,10 @@ impl NodeHandle {
                 NodeError::Cluster(lost.into())
             })?;
         }
-        let (tx, rx) = flume::bounded(1);
-        self.coord
-            .send(CoordMsg::Allocate { n, reply: tx })
-            .map_err(|_| NodeError::Stopped)?;
-        Ok(rx.recv().map_err(|_| NodeError::Stopped)??)
+        if self.coord.is_disconnected() {
+            return Err(NodeError::Stopped);
+        }
+        Ok(self.sequencer.allocate(n)?)
     }
 
     /// Routes a group of transactions that got the timestamps `range` and encodes every

@@ -359,16 +359,19 @@ impl Node {
             .into_iter();
 
         // Coordinator.
+        let sequencer;
         {
             let file = StateFile::new(&options.data_dir);
             let store: Box<dyn MetaStore> = match &options.cluster {
                 Some(member) => Box::new(ClusterState::new(file, member.clone())),
                 None => Box::new(file),
             };
+            let state = CoordinatorState::new(shards, persisted, options.await_source)
+                .with_files(files)
+                .with_checkpoint_ids_after(epoch_base(epoch));
+            sequencer = Some(state.sequencer());
             let actor = CoordinatorActor::new(
-                CoordinatorState::new(shards, persisted, options.await_source)
-                    .with_files(files)
-                    .with_checkpoint_ids_after(epoch_base(epoch)),
+                state,
                 store,
                 options.data_dir.clone(),
                 lake_checkpoints.clone(),
@@ -505,6 +508,7 @@ impl Node {
                 submit_order: Arc::new(Mutex::new(())),
                 shards: shard_txs,
                 coord: coord_tx,
+                sequencer: sequencer.expect("the coordinator was set up"),
                 catalog: options.catalog,
                 status,
                 store,

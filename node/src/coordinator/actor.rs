@@ -132,7 +132,6 @@ impl CoordinatorActor {
     /// Handles one message; false once the actor stops.
     async fn on_message(&mut self, msg: CoordMsg) -> bool {
         match msg {
-            CoordMsg::Allocate { n, reply } => drop(reply.send(self.state.allocate(n))),
             CoordMsg::Applied { shard, ts } => self.on_applied(shard, ts),
             CoordMsg::Failed { error } => self.status.fail(error),
             CoordMsg::ShardFailed { shard, ts, error } => self.on_shard_failed(shard, ts, error),

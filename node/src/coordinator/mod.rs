@@ -31,4 +31,4 @@ pub use plan::{PlanFile, PlanFiles};
 pub use query::{
     LOCAL, MAX_QUERIES_PER_CONNECTION, MAX_RUNNING_QUERIES, Owner, QueryId, QueryTicket,
 };
-pub use state::CoordinatorState;
+pub use state::{CoordinatorState, Sequencer};

@@ -1,22 +1,15 @@
 //! What the coordinator receives, and from whom. One message, one handler
 //! ([`super::actor`]).
 
-use std::ops::RangeInclusive;
-
 use retina_storage::{FileId, TableId, Timestamp};
 
-use super::error::{BeginRefused, CoordinatorError};
+use super::error::BeginRefused;
 use super::persist::{CheckpointRecord, SourceMark};
 use super::plan::PlanFile;
 use super::query::{Owner, QueryId, QueryTicket};
 
 /// Messages to the coordinator.
 pub enum CoordMsg {
-    /// From the sink: `n` timestamps for a group of transactions (group begin).
-    Allocate {
-        n: u64,
-        reply: flume::Sender<Result<RangeInclusive<u64>, CoordinatorError>>,
-    },
     /// From a shard: it applied every transaction through `ts` (group commit).
     Applied { shard: u16, ts: Timestamp },
     /// From a shard: it cannot go on (an unreadable batch, a checkpoint it could not write, a

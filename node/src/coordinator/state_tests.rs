@@ -331,3 +331,39 @@ fn a_shard_started_again_catches_up_without_moving_hwm_back() {
     assert!(c.applied(1, ts(13)).is_err());
     assert!(c.shard_restarted(2).is_err());
 }
+
+#[test]
+fn the_sequencer_hands_out_consecutive_ranges_from_any_thread() {
+    let c = CoordinatorState::new(1, Persisted::default(), false);
+    let sequencer = c.sequencer();
+    // Four threads draw at once: the ranges they get are disjoint and leave no gap.
+    let mut ranges: Vec<_> = std::thread::scope(|s| {
+        let drawers: Vec<_> = (1..=4u64)
+            .map(|n| {
+                let sequencer = &sequencer;
+                s.spawn(move || {
+                    (0..1000)
+                        .map(|_| sequencer.allocate(n).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        drawers
+            .into_iter()
+            .flat_map(|d| d.join().unwrap())
+            .collect()
+    });
+    ranges.sort_by_key(|r| *r.start());
+    assert_eq!(*ranges[0].start(), 2, "the first after genesis");
+    for pair in ranges.windows(2) {
+        assert_eq!(*pair[0].end() + 1, *pair[1].start(), "{pair:?}");
+    }
+    assert_eq!(c.issued_through(), *ranges.last().unwrap().end());
+    assert_eq!(c.issued_through(), 1 + 1000 * (1 + 2 + 3 + 4));
+
+    // A range past the largest timestamp is refused, and hands nothing out.
+    let before = c.issued_through();
+    assert!(sequencer.allocate(Timestamp::MAX_RAW).is_err());
+    assert_eq!(c.issued_through(), before);
+    assert_eq!(c.allocate(1).unwrap(), before + 1..=before + 1);
+}
