@@ -47,8 +47,8 @@ struct PendingCheckpoint {
 /// group waited for that thread to be scheduled, often milliseconds on busy cores, while the
 /// sink held its group (`retina bench replay`: a quarter of the sink's time on 2 cores).
 /// Timestamps are drawn under the node handle's submit lock, so groups still reach every shard
-/// in timestamp order; the coordinator reads how far they went ([`Sequencer::issued_through`])
-/// when a shard reports, after the batches that carried them.
+/// in timestamp order; the coordinator reads how far they went when a shard reports
+/// ([`CoordinatorState::issued_through`]), after the batches that carried them.
 #[derive(Debug)]
 pub struct Sequencer {
     next: AtomicU64,
