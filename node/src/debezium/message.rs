@@ -123,7 +123,12 @@ pub(super) fn shared_name(parts: &[&str]) -> Arc<str> {
     thread_local! {
         static NAMES: std::cell::RefCell<Vec<Arc<str>>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    // Compared by length first: most names a thread keeps differ in it.
     let is = |name: &str| {
+        if name.len() != len {
+            return false;
+        }
         let mut rest = name;
         parts.iter().all(|p| match rest.strip_prefix(p) {
             Some(r) => {
@@ -146,8 +151,9 @@ pub(super) fn shared_name(parts: &[&str]) -> Arc<str> {
     })
 }
 
-/// Names each thread keeps for [`shared_name`].
-const SHARED_NAMES: usize = 64;
+/// Names each thread keeps for [`shared_name`]: a stream of more tables than this, each
+/// changed in turn, makes its names anew, as before names were shared.
+const SHARED_NAMES: usize = 32;
 
 /// Parses one line of a Debezium JSON stream (see `parse_line_with`) through its DOM: every
 /// shape, and every error with its text.
