@@ -369,7 +369,7 @@ impl Node {
             let state = CoordinatorState::new(shards, persisted, options.await_source)
                 .with_files(files)
                 .with_checkpoint_ids_after(epoch_base(epoch));
-            sequencer = Some(state.sequencer());
+            sequencer = state.sequencer();
             let actor = CoordinatorActor::new(
                 state,
                 store,
@@ -508,7 +508,7 @@ impl Node {
                 submit_order: Arc::new(Mutex::new(())),
                 shards: shard_txs,
                 coord: coord_tx,
-                sequencer: sequencer.expect("the coordinator was set up"),
+                sequencer,
                 catalog: options.catalog,
                 status,
                 store,

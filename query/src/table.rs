@@ -780,21 +780,25 @@ fn memory_part(
     // Without the check every row is visible: the newest timestamp there can be.
     let at = if check { snapshot } else { Timestamp::MAX };
     // Where each column read lies in the batches, then `_create_ts`: only those are copied.
-    let mut keep: Vec<usize> = if sent.is_empty() {
-        projection.to_vec()
+    let keep: Vec<usize> = if sent.is_empty() {
+        projection
+            .iter()
+            .copied()
+            .chain([schema.create_ts_index()])
+            .collect()
     } else {
         let at_sent = |c: &usize| {
             sent.iter().position(|s| s == c).ok_or_else(|| {
                 DataFusionError::Internal(format!("column {c} was not asked of the shards"))
             })
         };
-        projection.iter().map(at_sent).collect::<Result<_>>()?
+        // The shards send `_create_ts` after the columns asked.
+        projection
+            .iter()
+            .map(at_sent)
+            .chain([Ok(sent.len())])
+            .collect::<Result<_>>()?
     };
-    keep.push(if sent.is_empty() {
-        schema.create_ts_index()
-    } else {
-        sent.len()
-    });
     let kept: Vec<RecordBatch> = batches
         .iter()
         .map(|b| b.project(&keep))

@@ -147,32 +147,24 @@ impl PrimaryIndex {
         // A key that fits inline is looked up by entry: one probe whether it is there or not,
         // and building it allocates nothing. A longer one is looked up by slice first, so a
         // key already there costs no allocation.
-        if key.len() <= INLINE_KEY_BYTES {
-            return match self.map.entry(Key::from_slice(key)) {
-                Entry::Occupied(mut entry) => {
-                    add_version(entry.get_mut(), ts, row, &mut self.versions)
-                }
-                Entry::Vacant(_) if row == TOMBSTONE => Ok(None),
-                Entry::Vacant(entry) => {
-                    entry.insert(smallvec::smallvec![Version { ts, row }]);
-                    self.versions += 1;
-                    Ok(None)
-                }
-            };
-        }
-        if let Some(versions) = self.map.get_mut(key) {
+        if key.len() > INLINE_KEY_BYTES
+            && let Some(versions) = self.map.get_mut(key)
+        {
             return add_version(versions, ts, row, &mut self.versions);
         }
-        if row == TOMBSTONE {
+        match self.map.entry(Key::from_slice(key)) {
+            Entry::Occupied(mut entry) => add_version(entry.get_mut(), ts, row, &mut self.versions),
             // Nothing to hide: the key had no version at all.
-            return Ok(None);
+            Entry::Vacant(_) if row == TOMBSTONE => Ok(None),
+            Entry::Vacant(entry) => {
+                if entry.key().spilled() {
+                    self.spilled_key_bytes += entry.key().capacity();
+                }
+                entry.insert(smallvec::smallvec![Version { ts, row }]);
+                self.versions += 1;
+                Ok(None)
+            }
         }
-        let key = Key::from_slice(key);
-        self.spilled_key_bytes += key.capacity();
-        self.map
-            .insert(key, smallvec::smallvec![Version { ts, row }]);
-        self.versions += 1;
-        Ok(None)
     }
 
     /// Drops the versions no snapshot at or after `watermark` can see: for each key, every
