@@ -21,16 +21,24 @@ fn ephemeral_low() -> u16 {
         .unwrap_or(32768)
 }
 
-/// `n` consecutive loopback ports, each free now, below the ephemeral range; the first is
-/// returned. Each call in a process gets new ones; processes start at different places.
+/// The most ports one call takes below the ephemeral range.
+const MOST: u16 = 256;
+
+/// `n` consecutive loopback ports, each free now, below the ephemeral range (up to 256 of
+/// them); the first is returned. Each call in a process gets new ones; processes start at different
+/// places.
 pub fn free_ports(n: u16) -> u16 {
     let high = ephemeral_low();
     let low = 10_000u16;
-    if high < low + 1_000 + n {
-        // No room below the ephemeral range: take what bind(0) gives.
+    if n > MOST || high < low + 1_000 + MOST {
+        // More than a window's margin, or no room below the ephemeral range: take what
+        // bind(0) gives.
         return bind_any(n);
     }
-    let window = u32::from(high - n - low);
+    // One window whatever `n` is: the calls' ranges, consecutive in `NEXT`, stay apart after
+    // it wraps too (a window per `n` moved them by the difference in `n`, so a small range
+    // after a wrap fell inside a larger one taken just before).
+    let window = u32::from(high - MOST - low);
     if NEXT.load(Ordering::Relaxed) == u32::MAX {
         let seed = std::process::id().wrapping_mul(2_654_435_761)
             ^ std::time::SystemTime::now()
@@ -75,14 +83,42 @@ pub fn free_port() -> u16 {
 mod tests {
     use super::*;
 
+    /// One test at a time moves this process's ports.
+    static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn ranges_of_any_size_stay_apart_where_the_window_wraps() {
+        let high = ephemeral_low();
+        if high < 10_000 + 1_000 + MOST {
+            return; // bind(0) gives them here
+        }
+        let window = u32::from(high - MOST - 10_000);
+        let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+        // Start just before the wrap, and go past where a window of any size would wrap;
+        // sizes as a cluster test asks for them (a member's 7, then a server's 1 or 2).
+        NEXT.store(window - 9, Ordering::Relaxed);
+        let mut seen = std::collections::HashSet::new();
+        for n in [7, 1, 2, 7, 1, 7, 2, 4, 1, 7].repeat(3) {
+            let first = free_ports(n);
+            for p in first..first + n {
+                assert!(p < high, "{p} is in the ephemeral range");
+                assert!(seen.insert(p), "{p} was given twice");
+            }
+        }
+    }
+
     #[test]
     fn ports_are_free_distinct_and_below_the_ephemeral_range() {
+        let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
         let high = ephemeral_low();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..50 {
             let first = free_ports(4);
             for p in first..first + 4 {
-                assert!(p < high || high < 11_004, "{p} is in the ephemeral range");
+                assert!(
+                    p < high || high < 11_000 + MOST,
+                    "{p} is in the ephemeral range"
+                );
                 assert!(seen.insert(p), "{p} was given twice");
                 TcpListener::bind(("127.0.0.1", p)).unwrap();
             }
