@@ -38,6 +38,7 @@ pub(crate) fn node_with_lake(
         catalog,
         settings,
         listen: listen.then(|| "127.0.0.1:0".parse().expect("a socket address")),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

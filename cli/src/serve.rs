@@ -214,7 +214,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 
     // A cluster member joins, then waits as a standby until it leads.
     let mut leave = None;
-    let member = match &args.cluster {
+    let (member, mut listener) = match &args.cluster {
         Some(spec) => {
             let id = args.node_id.as_deref().unwrap_or_default();
             check_node_id(id)?;
@@ -302,9 +302,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                     | Event::HostJoined => {}
                 }
             };
-            // The port is this node's own now, and so are the shards it ran for the leader
-            // before (their sessions end; the new leadership starts them from its checkpoint).
-            forwarder.stop();
+            // The port is this node's own now: its socket passes to the coordinator's service
+            // (never free meanwhile). So are the shards it ran for the leader before (their
+            // sessions end; the new leadership starts them from its checkpoint).
+            let listener = forwarder.stop();
             if let Some(host) = host {
                 host.stop();
             }
@@ -327,17 +328,19 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                         }
                     })?;
             }
-            Some(member)
+            (Some(member), listener)
         }
-        None => None,
+        None => (None, None),
     };
-    let start = || {
+    // The first start takes the standby's socket; a node started again binds the address.
+    let mut start = || {
         Node::start(NodeOptions {
             data_dir: args.data_dir.clone(),
             lake: args.lake.clone().unwrap_or_default(),
             catalog: catalog.clone(),
             settings: settings.clone(),
             listen: Some(args.listen),
+            listener: listener.take(),
             auth_token: args.auth_token.clone(),
             // Queries wait until the sink replayed what the source held before a restart.
             await_source: true,
@@ -465,7 +468,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 
     // Starts the node again from its newest checkpoint (after replay skipped a refused
     // transaction, or a cluster's leader lost a member running its shards).
-    let restart = |node: Node| -> anyhow::Result<Node> {
+    let mut restart = |node: Node| -> anyhow::Result<Node> {
         node.shutdown();
         if let Some(member) = &member {
             let epoch = member.next_epoch()?;

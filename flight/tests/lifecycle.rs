@@ -38,6 +38,7 @@ fn start_node(dir: &std::path::Path, entries: i64) -> Node {
             ..Settings::default()
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

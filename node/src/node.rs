@@ -57,6 +57,11 @@ pub struct NodeOptions {
     /// Where the coordinator's Cap'n Proto service listens (port 0: any free port); `None`
     /// serves no RPC.
     pub listen: Option<std::net::SocketAddr>,
+    /// A socket bound to `listen` already, which the coordinator's service takes over (a
+    /// standby's forwarder hands over its own: the port never lies free meanwhile, for a
+    /// connection or another server to take, and a client that connects during the switch
+    /// waits for the service); `None`: the service binds `listen`.
+    pub listener: Option<std::net::TcpListener>,
     /// The token clients present at bootstrap; required beyond loopback.
     pub auth_token: Option<String>,
     /// Queries wait for the sink's [`NodeHandle::caught_up`] before they begin (a sink reads
@@ -259,11 +264,14 @@ impl Node {
                         reason,
                     },
                 )?;
-                let listener =
-                    crate::rpc::bind_listener(addr).map_err(|e| NodeError::Executor {
-                        what: format!("the coordinator service on {addr}"),
-                        reason: e.to_string(),
-                    })?;
+                let listener = match options.listener.take() {
+                    Some(bound) => crate::rpc::serve_listener(bound),
+                    None => crate::rpc::bind_listener(addr),
+                }
+                .map_err(|e| NodeError::Executor {
+                    what: format!("the coordinator service on {addr}"),
+                    reason: e.to_string(),
+                })?;
                 listening = Some(listener.local_addr().map_err(|e| NodeError::Executor {
                     what: "the coordinator service".into(),
                     reason: e.to_string(),

@@ -141,7 +141,12 @@ pub fn scan_addr(base: SocketAddr, shard: u16) -> Result<SocketAddr, String> {
 /// [`MAX_CONNECTIONS`] connections waiting to be accepted (the standard library's 128 turns a
 /// burst of clients, hundreds of query workers connecting at once, into resets).
 pub fn bind_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    let listener = std::net::TcpListener::bind(addr)?;
+    serve_listener(std::net::TcpListener::bind(addr)?)
+}
+
+/// As [`bind_listener`], for a socket bound already (a standby's forwarder hands its own over
+/// when the member takes the lead, so that the port is never free for another to take).
+pub fn serve_listener(listener: std::net::TcpListener) -> std::io::Result<std::net::TcpListener> {
     listener.set_nonblocking(true)?;
     // SAFETY: `listen` again on a listening socket this value owns only changes its backlog.
     let backlog = i32::try_from(MAX_CONNECTIONS).unwrap_or(i32::MAX);

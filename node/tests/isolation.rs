@@ -46,6 +46,7 @@ fn start(dir: &std::path::Path) -> Node {
             ..Settings::default()
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

@@ -33,6 +33,7 @@ fn start(dir: &std::path::Path) -> Node {
             ..Settings::default()
         },
         listen: None,
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,
@@ -165,6 +166,7 @@ fn start_with(dir: &std::path::Path, ddl: &str, query_wait_ms: u64) -> Result<No
         },
         // Loopback without a token: the contract's clients may ask too.
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

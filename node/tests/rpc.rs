@@ -55,6 +55,7 @@ fn start_with(
         catalog: Arc::new(Catalog::from_ddl(DDL, "s.sql").unwrap()),
         settings,
         listen: Some(listen),
+        listener: None,
         auth_token: token.map(str::to_owned),
         await_source: false,
         cluster: None,
@@ -375,6 +376,7 @@ fn a_write_buffer_of_wide_rows_over_64_mib_is_read_in_parts() {
             ..Settings::default()
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

@@ -57,6 +57,7 @@ fn start(data: &Path) -> Node {
             ..retina_tests::small_files(2, 20)
         },
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

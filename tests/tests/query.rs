@@ -48,6 +48,7 @@ fn start_with(dir: &std::path::Path, settings: Settings) -> Node {
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings,
         listen: Some("127.0.0.1:0".parse().unwrap()),
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

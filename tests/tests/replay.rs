@@ -35,6 +35,7 @@ fn start(dir: &Path, shards: u16) -> Node {
         catalog: Arc::new(Catalog::from_ddl(DDL, "bank.sql").unwrap()),
         settings: settings(shards),
         listen: None,
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,
@@ -569,6 +570,7 @@ fn queries_hold_lwm_until_they_end_or_their_lease_runs_out() {
             ..settings(2)
         },
         listen: None,
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

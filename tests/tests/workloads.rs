@@ -90,6 +90,7 @@ fn replay_and_compare(
             ..Settings::default()
         },
         listen: None,
+        listener: None,
         auth_token: None,
         await_source: false,
         cluster: None,

@@ -1,7 +1,7 @@
 //! A standby's `--listen`: every connection is passed, byte for byte, to the coordinator service
 //! of whichever member leads (the address its entry advertises), so clients may reach a cluster
-//! through any member. It stops when this member takes the lead, which then binds the port
-//! itself.
+//! through any member. It stops when this member takes the lead, and hands its socket over to
+//! the coordinator's service: the port is never free for another socket to take meanwhile.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -14,11 +14,13 @@ use super::{ClusterSpec, Member};
 /// How long connecting to the leader may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The forwarding listener; [`Forwarder::stop`] closes it (connections in progress go on).
+/// The forwarding listener; [`Forwarder::stop`] stops forwarding and hands the socket over
+/// (connections in progress go on). Dropped, it closes the socket.
 pub struct Forwarder {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// Gives the socket back when it ends.
+    thread: Option<std::thread::JoinHandle<TcpListener>>,
 }
 
 impl Forwarder {
@@ -31,7 +33,10 @@ impl Forwarder {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("retina-forward".into())
-                .spawn(move || accept(&listener, &spec, &stop))?
+                .spawn(move || {
+                    accept(&listener, &spec, &stop);
+                    listener
+                })?
         };
         tracing::info!("standby: connections to {addr} go to the leader's coordinator service");
         Ok(Forwarder {
@@ -46,24 +51,27 @@ impl Forwarder {
         self.addr
     }
 
-    /// Closes the listener, so that the port is free (connections in progress go on).
-    pub fn stop(mut self) {
-        self.close();
+    /// Stops forwarding and returns the listening socket, still bound: connections that
+    /// arrive from now on wait in its queue for whoever accepts next (connections in progress
+    /// go on). `None` if the accepting thread panicked, which closed it.
+    pub fn stop(mut self) -> Option<TcpListener> {
+        self.end()
     }
 
-    fn close(&mut self) {
+    fn end(&mut self) -> Option<TcpListener> {
+        // Once only: the socket may have a new owner by the time this is dropped.
+        let thread = self.thread.take()?;
         self.stop.store(true, Ordering::Release);
-        // Wakes the accept.
+        // Wakes the accept, which closes what it accepts now (this connection, or a client's
+        // that came just before it) and ends.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        thread.join().ok()
     }
 }
 
 impl Drop for Forwarder {
     fn drop(&mut self) {
-        self.close();
+        self.end();
     }
 }
 
@@ -128,4 +136,32 @@ fn pipe(from: &mut TcpStream, to: &mut TcpStream) {
     }
     let _ = to.shutdown(Shutdown::Write);
     let _ = from.shutdown(Shutdown::Read);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopped_forwarder_hands_over_its_socket_and_a_client_that_comes_meanwhile_waits() {
+        let spec: ClusterSpec = "etcd://127.0.0.1:1/retina-test".parse().unwrap();
+        let forwarder = Forwarder::start("127.0.0.1:0".parse().unwrap(), spec).unwrap();
+        let addr = forwarder.addr();
+        let listener = forwarder.stop().expect("the socket comes back");
+        assert_eq!(listener.local_addr().unwrap(), addr);
+        // Still bound and listening: nobody else takes the port, ...
+        assert_eq!(
+            TcpListener::bind(addr).unwrap_err().kind(),
+            std::io::ErrorKind::AddrInUse
+        );
+        // ... and a client that connects before the next owner accepts is kept, not refused.
+        let mut client = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).unwrap();
+        client.write_all(b"bootstrap").unwrap();
+        let listener = crate::rpc::serve_listener(listener).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let (mut served, _) = listener.accept().unwrap();
+        let mut got = [0u8; 9];
+        served.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"bootstrap");
+    }
 }
