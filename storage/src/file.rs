@@ -71,6 +71,8 @@ fn lz4_properties(config: &StorageConfig) -> WriterPropertiesBuilder {
     properties(config, compression)
 }
 
+/// Every kind of object: no bloom filters (readers skip looking for them, see the connector's
+/// scans), chunk statistics, `_create_ts` delta-encoded.
 fn properties(config: &StorageConfig, compression: Compression) -> WriterPropertiesBuilder {
     let ts = ColumnPath::from(CREATE_TS_COLUMN);
     WriterProperties::builder()
@@ -583,6 +585,24 @@ mod tests {
     use super::*;
     use crate::schema::{ColumnDef, ColumnType, batch_rows};
     use crate::value::Value;
+
+    #[test]
+    fn no_kind_of_object_has_bloom_filters() {
+        let config = StorageConfig::default();
+        let column = ColumnPath::from("id");
+        for props in [
+            writer_properties(&config),
+            block_writer_properties(&config),
+            segment_writer_properties(&config),
+        ] {
+            assert!(props.bloom_filter_properties(&column).is_none());
+            assert!(
+                props
+                    .bloom_filter_properties(&ColumnPath::from(CREATE_TS_COLUMN))
+                    .is_none()
+            );
+        }
+    }
 
     /// A block of `rows` rows from `first` on (ids, names, `_create_ts` = id + 100).
     fn block(schema: &TableSchema, first: i64, rows: i64) -> RecordBatch {
