@@ -384,5 +384,42 @@ mod tests {
             e.to_string(),
             "table `t`, column `id`: float value for a int column"
         );
+        assert!(s.check_row(&[Value::Int(1), Value::Decimal(-9999)]).is_ok());
+        assert!(
+            s.check_row(&[Value::Int(1), Value::Decimal(-10000)])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_decimal_fits_up_to_its_precision_at_every_precision() {
+        for precision in 1..=38u8 {
+            let s = TableSchema::new(
+                "t",
+                vec![ColumnDef::new(
+                    "d",
+                    ColumnType::Decimal {
+                        precision,
+                        scale: 0,
+                    },
+                    false,
+                )],
+                &["d"],
+            )
+            .unwrap();
+            let limit = 10i128.pow(u32::from(precision));
+            for (v, fits) in [
+                (limit - 1, true),
+                (limit, false),
+                (1 - limit, true),
+                (-limit, false),
+            ] {
+                assert_eq!(
+                    s.check_value(0, Value::Decimal(v).as_ref()).is_ok(),
+                    fits,
+                    "{v} in decimal({precision},0)"
+                );
+            }
+        }
     }
 }
