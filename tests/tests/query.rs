@@ -562,6 +562,61 @@ fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() 
 }
 
 #[test]
+fn sessions_of_one_connection_each_keep_their_snapshot_whichever_began_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let insert = |from: i64, to: i64| {
+        let txns: Vec<Vec<_>> = (from..to)
+            .map(|n| {
+                vec![TableOp {
+                    table: 1,
+                    op: RowOp::Insert(vec![
+                        Value::Int(n),
+                        Value::Int(0),
+                        Value::Int(1),
+                        Value::Int(n),
+                    ]),
+                }]
+            })
+            .collect();
+        let ts = h.submit(&txns).unwrap();
+        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    };
+    let rt = retina_tests::runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        async fn count(s: &QuerySession) -> Vec<Vec<i64>> {
+            ints(&s.collect("SELECT count(*) FROM bank.ledger").await.unwrap())
+        }
+        insert(0, 10);
+        let first = retina.begin().await.unwrap();
+        insert(10, 30);
+        // One statement in a query of its own between the sessions' statements, on a clone.
+        let (_, stream) = retina
+            .clone()
+            .sql("SELECT n FROM bank.ledger")
+            .await
+            .unwrap();
+        let rows: usize = futures::TryStreamExt::try_collect::<Vec<RecordBatch>>(stream)
+            .await
+            .unwrap()
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum();
+        assert_eq!(rows, 30);
+        let second = retina.begin().await.unwrap();
+        insert(30, 60);
+        assert_eq!(count(&first).await, vec![vec![10]]);
+        assert_eq!(count(&second).await, vec![vec![30]]);
+        assert_eq!(count(&retina.begin().await.unwrap()).await, vec![vec![60]]);
+        assert_eq!(count(&first).await, vec![vec![10]]);
+    });
+    node.shutdown();
+}
+
+#[test]
 fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(&dir.path().join("data"), 10_000);
