@@ -80,6 +80,29 @@ async fn read_state(session: &QuerySession) -> State {
     (accounts, ledger)
 }
 
+/// Ledger entries `from..to`, `per_txn` to a transaction, replayed and visible.
+fn insert_ledger(h: &retina_node::node::NodeHandle, from: i64, to: i64, per_txn: usize) {
+    let txns: Vec<Txn> = (from..to)
+        .collect::<Vec<_>>()
+        .chunks(per_txn)
+        .map(|c| {
+            c.iter()
+                .map(|&n| TableOp {
+                    table: 1,
+                    op: RowOp::Insert(vec![
+                        Value::Int(n),
+                        Value::Int(n % 3),
+                        Value::Int(n % 5),
+                        Value::Int(n),
+                    ]),
+                })
+                .collect()
+        })
+        .collect();
+    let ts = h.submit(&txns).unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+}
+
 fn row(id: i64, bal: i64) -> Vec<Value> {
     vec![Value::Int(id), Value::Int(bal)]
 }
@@ -496,24 +519,7 @@ fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() 
     let node = start(&dir.path().join("data"), 10_000);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let entry = |n: i64| TableOp {
-        table: 1,
-        op: RowOp::Insert(vec![
-            Value::Int(n),
-            Value::Int(n % 3),
-            Value::Int(n % 5),
-            Value::Int(n),
-        ]),
-    };
-    let insert = |from: i64, to: i64| {
-        let txns: Vec<Vec<_>> = (from..to)
-            .collect::<Vec<_>>()
-            .chunks(10)
-            .map(|c| c.iter().map(|&n| entry(n)).collect())
-            .collect();
-        let ts = h.submit(&txns).unwrap();
-        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
-    };
+    let insert = |from: i64, to: i64| insert_ledger(&h, from, to, 10);
     let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
@@ -567,23 +573,7 @@ fn sessions_of_one_connection_each_keep_their_snapshot_whichever_began_last() {
     let node = start(&dir.path().join("data"), 10_000);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let insert = |from: i64, to: i64| {
-        let txns: Vec<Vec<_>> = (from..to)
-            .map(|n| {
-                vec![TableOp {
-                    table: 1,
-                    op: RowOp::Insert(vec![
-                        Value::Int(n),
-                        Value::Int(0),
-                        Value::Int(1),
-                        Value::Int(n),
-                    ]),
-                }]
-            })
-            .collect();
-        let ts = h.submit(&txns).unwrap();
-        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
-    };
+    let insert = |from: i64, to: i64| insert_ledger(&h, from, to, 1);
     let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
@@ -622,23 +612,7 @@ fn limit_n_returns_n_rows_where_row_groups_straddle_the_snapshot() {
     let node = start(&dir.path().join("data"), 10_000);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let insert = |from: i64, to: i64| {
-        let txns: Vec<Vec<_>> = (from..to)
-            .map(|n| {
-                vec![TableOp {
-                    table: 1,
-                    op: RowOp::Insert(vec![
-                        Value::Int(n),
-                        Value::Int(n % 3),
-                        Value::Int(n % 5),
-                        Value::Int(n),
-                    ]),
-                }]
-            })
-            .collect();
-        let ts = h.submit(&txns).unwrap();
-        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
-    };
+    let insert = |from: i64, to: i64| insert_ledger(&h, from, to, 1);
     let rt = retina_tests::runtime();
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
