@@ -23,22 +23,26 @@ fn ephemeral_low() -> u16 {
 
 /// The most ports one call takes below the ephemeral range.
 const MOST: u16 = 256;
+/// The lowest port handed out below the ephemeral range.
+const LOW: u16 = 10_000;
+
+/// How many first ports there are below the ephemeral range, which starts at `high`; `None`
+/// where there is no room. One window whatever a call's size: the calls' ranges, consecutive
+/// in `NEXT`, stay apart after it wraps too (a window per size moved them by the difference in
+/// size, so a small range after a wrap fell inside a larger one taken just before).
+fn window(high: u16) -> Option<u32> {
+    (high >= LOW + 1_000 + MOST).then(|| u32::from(high - MOST - LOW))
+}
 
 /// `n` consecutive loopback ports, each free now, below the ephemeral range (up to 256 of
-/// them); the first is returned. Each call in a process gets new ones; processes start at different
-/// places.
+/// them); the first is returned. Each call in a process gets new ones; processes start at
+/// different places.
 pub fn free_ports(n: u16) -> u16 {
-    let high = ephemeral_low();
-    let low = 10_000u16;
-    if n > MOST || high < low + 1_000 + MOST {
-        // More than a window's margin, or no room below the ephemeral range: take what
-        // bind(0) gives.
+    // More than a window's margin, or no room below the ephemeral range: take what bind(0)
+    // gives.
+    let Some(window) = window(ephemeral_low()).filter(|_| n <= MOST) else {
         return bind_any(n);
-    }
-    // One window whatever `n` is: the calls' ranges, consecutive in `NEXT`, stay apart after
-    // it wraps too (a window per `n` moved them by the difference in `n`, so a small range
-    // after a wrap fell inside a larger one taken just before).
-    let window = u32::from(high - MOST - low);
+    };
     if NEXT.load(Ordering::Relaxed) == u32::MAX {
         let seed = std::process::id().wrapping_mul(2_654_435_761)
             ^ std::time::SystemTime::now()
@@ -53,7 +57,7 @@ pub fn free_ports(n: u16) -> u16 {
     }
     for _ in 0..window {
         let offset = NEXT.fetch_add(u32::from(n) + 1, Ordering::Relaxed) % window;
-        let first = low + offset as u16;
+        let first = LOW + offset as u16;
         if (first..first + n).all(|p| TcpListener::bind(("127.0.0.1", p)).is_ok()) {
             return first;
         }
@@ -89,10 +93,9 @@ mod tests {
     #[test]
     fn ranges_of_any_size_stay_apart_where_the_window_wraps() {
         let high = ephemeral_low();
-        if high < 10_000 + 1_000 + MOST {
+        let Some(window) = window(high) else {
             return; // bind(0) gives them here
-        }
-        let window = u32::from(high - MOST - 10_000);
+        };
         let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
         // Start just before the wrap, and go past where a window of any size would wrap;
         // sizes as a cluster test asks for them (a member's 7, then a server's 1 or 2).
@@ -116,7 +119,7 @@ mod tests {
             let first = free_ports(4);
             for p in first..first + 4 {
                 assert!(
-                    p < high || high < 11_000 + MOST,
+                    p < high || window(high).is_none(),
                     "{p} is in the ephemeral range"
                 );
                 assert!(seen.insert(p), "{p} was given twice");

@@ -246,7 +246,7 @@ pub struct Retina {
     tables: Arc<Mutex<Option<Arc<[TableInfo]>>>>,
     /// The state every session's context starts from, built once for this configuration and
     /// runtime (see [`Self::context`]).
-    template: Arc<Mutex<Option<SessionState>>>,
+    template: Arc<std::sync::OnceLock<SessionState>>,
 }
 
 impl Retina {
@@ -315,9 +315,7 @@ impl Retina {
     fn context(&self) -> SessionContext {
         let mut state = self
             .template
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| {
+            .get_or_init(|| {
                 SessionContext::new_with_config_rt(self.config.clone(), self.runtime.clone())
                     .state()
             })
