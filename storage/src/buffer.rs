@@ -11,6 +11,13 @@
 //! instead of the run's blocks. Segments only serve reads: the blocks stay until the file is
 //! combined (a checkpoint and recovery never need a segment), and the file's combination then
 //! reads the segments instead of their blocks.
+//!
+//! The flushed blocks past the last segment (fewer than a segment's worth) would still be an
+//! object each. When a file's flushed blocks have not changed for a while (the caller says
+//! how long, in ticks), those blocks, two or more, are combined into a *tail* segment, which
+//! readers open in their place until a longer tail or the full segment supersedes it; a
+//! superseded tail is handed back to retire. While blocks keep coming no tail is written, so
+//! a busy table pays nothing for them.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -295,13 +302,29 @@ pub struct VirtualFile {
     /// Segments written: segment `k` holds blocks `k * segment_blocks` on, `segment_blocks`
     /// of them; readers use them in place of those blocks.
     segments: Vec<ObjectFacts>,
-    /// Whether segment `segments` is being written.
+    /// Whether segment `segments` (or a tail) is being written.
     segment_in_flight: bool,
+    /// A tail segment written: of this many flushed blocks right after the segments (at least
+    /// two, fewer than a segment's worth); readers use it in place of those blocks.
+    tail: Option<(u32, ObjectFacts)>,
+    /// Ticks since a block of the file was last flushed or a segment of it written.
+    quiet_ticks: u32,
 }
 
 impl VirtualFile {
     pub fn id(&self) -> FileId {
         self.id
+    }
+
+    /// The path of its tail segment, if one was written.
+    fn tail_path(&self, table: &str, segment_blocks: u32) -> Option<Path> {
+        self.tail.map(|(blocks, _)| {
+            let first = BlockId {
+                file: self.id,
+                index: self.segments.len() as u32 * segment_blocks,
+            };
+            segment_path(table, first, blocks)
+        })
     }
 
     pub fn first_row(&self) -> RowId {
@@ -341,8 +364,19 @@ pub enum CombineKind {
     /// The full virtual file's regular file; then every object of the virtual file (`retire`)
     /// goes once no query can read it.
     File { retire: Vec<Path> },
-    /// A segment of `blocks` blocks from block `first` on, for readers.
+    /// A segment of `blocks` blocks from block `first` on, for readers: a full one, or a
+    /// tail of fewer blocks.
     Segment { first: u32, blocks: u32 },
+}
+
+/// What a finished [`CombineJob`] changed.
+#[must_use]
+pub enum Combined {
+    /// The combined file's virtual file, which left the buffer.
+    File(VirtualFile),
+    /// Readers use the segment from now on; it superseded this tail segment, which should
+    /// retire once no query can read it.
+    Segment { superseded: Option<Path> },
 }
 
 /// A virtual file the buffer started: the caller maps its row ids and tracks its visibility.
@@ -401,6 +435,8 @@ impl WriteBuffer {
             combining: false,
             segments: Vec::new(),
             segment_in_flight: false,
+            tail: None,
+            quiet_ticks: 0,
         });
         NewFile {
             file: id,
@@ -464,6 +500,9 @@ impl WriteBuffer {
     /// The block is durable in the object store, `bytes` long: drop its memory copy.
     pub fn flush_done(&mut self, block: BlockId, bytes: u64) {
         let ts = self.schema.create_ts_index();
+        if let Some(f) = self.files.iter_mut().find(|f| f.id == block.file) {
+            f.quiet_ticks = 0;
+        }
         if let Some(state) = self.block_state(block) {
             let BlockState::Flushing(batch) = state else {
                 panic!("{block:?} was not flushing");
@@ -530,6 +569,7 @@ impl WriteBuffer {
             // it with the other objects no shard reads.)
             let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
             retire.extend(segments);
+            retire.extend(file.tail_path(table, seg));
             return Some(CombineJob {
                 file: id,
                 rows: file.rows,
@@ -566,16 +606,68 @@ impl WriteBuffer {
         })
     }
 
+    /// Counts a tick of quiet for every file and returns a tail segment to write, marked as
+    /// in flight: of the flushed blocks past a file's segments, two or more and more than its
+    /// tail has, in a file that is not full, whose blocks have not been flushed for
+    /// `quiet_ticks` ticks (counting this one) and that has no segment in flight. The caller
+    /// calls this once a tick.
+    pub fn take_tail_job(&mut self, quiet_ticks: u32) -> Option<CombineJob> {
+        let table = self.schema.name();
+        let seg = self.segment_blocks;
+        let block_rows = self.block_rows as u64;
+        for f in &mut self.files {
+            f.quiet_ticks = f.quiet_ticks.saturating_add(1);
+        }
+        let (file, first, blocks) = self.files.iter_mut().find_map(|f| {
+            let first = f.segments.len() as u32 * seg;
+            let blocks = f
+                .sealed
+                .iter()
+                .skip(first as usize)
+                .take_while(|s| matches!(s, BlockState::Flushed(_)))
+                .count() as u32;
+            let longer = blocks >= 2 && blocks > f.tail.map_or(0, |(n, _)| n);
+            (longer
+                && blocks < seg
+                && f.quiet_ticks >= quiet_ticks
+                && !f.combining
+                && !f.segment_in_flight
+                && f.rows < f.capacity)
+                .then_some((f, first, blocks))
+        })?;
+        file.segment_in_flight = true;
+        let id = file.id;
+        Some(CombineJob {
+            file: id,
+            rows: u64::from(blocks) * block_rows,
+            sources: (first..first + blocks)
+                .map(|index| block_path(table, BlockId { file: id, index }))
+                .collect(),
+            target: segment_path(
+                table,
+                BlockId {
+                    file: id,
+                    index: first,
+                },
+                blocks,
+            ),
+            kind: CombineKind::Segment { first, blocks },
+        })
+    }
+
     /// The combination is durable, as `facts` say. A combined file's virtual file leaves the
-    /// buffer (and is returned); readers use a segment from now on.
-    pub fn combine_done(&mut self, job: &CombineJob, facts: ObjectFacts) -> Option<VirtualFile> {
+    /// buffer (and is returned); readers use a segment from now on, and a tail it supersedes
+    /// is returned to retire.
+    pub fn combine_done(&mut self, job: &CombineJob, facts: ObjectFacts) -> Combined {
+        let table = self.schema.name();
+        let seg = self.segment_blocks;
         let at = self.files.iter().position(|f| f.id == job.file);
         match job.kind {
             CombineKind::File { .. } => {
                 let at = at.expect("a combined file was in the buffer");
-                Some(self.files.remove(at).expect("position is in range"))
+                Combined::File(self.files.remove(at).expect("position is in range"))
             }
-            CombineKind::Segment { .. } => {
+            CombineKind::Segment { blocks, .. } => {
                 let f = &mut self.files[at.expect("a segment's file is in the buffer")];
                 assert!(
                     f.segment_in_flight,
@@ -583,8 +675,15 @@ impl WriteBuffer {
                     f.id
                 );
                 f.segment_in_flight = false;
-                f.segments.push(facts);
-                None
+                f.quiet_ticks = 0;
+                let superseded = f.tail_path(table, seg);
+                if blocks == seg {
+                    f.segments.push(facts);
+                    f.tail = None;
+                } else {
+                    f.tail = Some((blocks, facts));
+                }
+                Combined::Segment { superseded }
             }
         }
     }
@@ -623,7 +722,22 @@ impl WriteBuffer {
                 });
                 offset += rows;
             }
-            let covered = file.segments.len() * seg as usize;
+            let mut covered = file.segments.len() * seg as usize;
+            if let Some((blocks, facts)) = file.tail {
+                let id = BlockId {
+                    file: file.id,
+                    index: covered as u32,
+                };
+                let rows = u64::from(blocks) * self.block_rows as u64;
+                out.push(BufferBlock {
+                    id,
+                    offset,
+                    rows,
+                    data: BlockData::Object(segment_path(table, id, blocks), facts),
+                });
+                offset += rows;
+                covered += blocks as usize;
+            }
             for (index, state) in file.sealed.iter().enumerate().skip(covered) {
                 let id = BlockId {
                     file: file.id,
@@ -859,6 +973,8 @@ impl WriteBuffer {
                 combining: false,
                 segments: Vec::new(),
                 segment_in_flight: false,
+                tail: None,
+                quiet_ticks: 0,
             });
         }
         Ok(WriteBuffer {
@@ -895,13 +1011,17 @@ mod tests {
     }
 
     fn buffer() -> WriteBuffer {
+        buffer_with(&config())
+    }
+
+    fn buffer_with(config: &StorageConfig) -> WriteBuffer {
         let schema = TableSchema::new(
             "t",
             vec![ColumnDef::new("id", ColumnType::Int64, false)],
             &["id"],
         )
         .unwrap();
-        WriteBuffer::new(schema, &config())
+        WriteBuffer::new(schema, config)
     }
 
     fn append(b: &mut WriteBuffer, rows: usize) {
@@ -962,7 +1082,7 @@ mod tests {
         assert!(b.take_combine_job().is_none());
         // Until it is written, readers read the blocks.
         assert_eq!(layout(&b).len(), 4);
-        b.combine_done(&job, ObjectFacts::default());
+        let _ = b.combine_done(&job, ObjectFacts::default());
         let seg = Some(segment_path("t", BlockId { file: f, index: 0 }, 2).to_string());
         let block2 = Some(block_path("t", BlockId { file: f, index: 2 }).to_string());
         assert_eq!(
@@ -1008,7 +1128,7 @@ mod tests {
             [known(1000, 73), known(1001, 137), known(1002, 201)]
         );
         let job = b.take_combine_job().unwrap();
-        b.combine_done(&job, known(5000, 137));
+        let _ = b.combine_done(&job, known(5000, 137));
         assert_eq!(facts(&b), [known(5000, 137), known(1002, 201)]);
         // A checkpoint keeps the flushed blocks, not what was known of them.
         let restored = WriteBuffer::from_image(b.schema().clone(), &config(), b.image()).unwrap();
@@ -1024,7 +1144,7 @@ mod tests {
         b.combine_failed(&job);
         let again = b.take_combine_job().unwrap();
         assert_eq!(again.kind, job.kind);
-        b.combine_done(&again, ObjectFacts::default());
+        let _ = b.combine_done(&again, ObjectFacts::default());
         let next = b.take_combine_job().unwrap();
         assert_eq!(
             next.kind,
@@ -1037,7 +1157,7 @@ mod tests {
         append(&mut b, 128);
         flush_all(&mut b);
         assert!(b.take_combine_job().is_none());
-        b.combine_done(&next, ObjectFacts::default());
+        let _ = b.combine_done(&next, ObjectFacts::default());
         let f = FileId(1);
         let file = b.take_combine_job().expect("the full file combines");
         let seg = |index| segment_path("t", BlockId { file: f, index }, 2);
@@ -1053,7 +1173,127 @@ mod tests {
         assert_eq!(retire, &expected);
         // The next file starts with no segment; the combined one leaves.
         append(&mut b, 1);
-        assert!(b.combine_done(&file, ObjectFacts::default()).is_some());
+        assert!(matches!(
+            b.combine_done(&file, ObjectFacts::default()),
+            Combined::File(_)
+        ));
         assert_eq!(layout(&b), [(0, 0, 1, None)]);
+    }
+
+    /// Blocks of 64 rows, segments of four blocks, files of twelve blocks.
+    fn four_block_segments() -> WriteBuffer {
+        buffer_with(&StorageConfig {
+            row_group_rows: 256,
+            file_rows: 768,
+            ..config()
+        })
+    }
+
+    /// Ticks `b` until it offers a tail job (at most `ticks` times), with `quiet` ticks asked.
+    fn tail_within(b: &mut WriteBuffer, quiet: u32, ticks: u32) -> Option<(u32, CombineJob)> {
+        (1..=ticks).find_map(|tick| b.take_tail_job(quiet).map(|job| (tick, job)))
+    }
+
+    #[test]
+    fn a_quiet_tail_becomes_a_segment_until_a_longer_one_or_the_full_segment_supersedes_it() {
+        let mut b = four_block_segments();
+        let f = FileId(1);
+        let tail =
+            |blocks| Some(segment_path("t", BlockId { file: f, index: 0 }, blocks).to_string());
+        let path = |blocks| segment_path("t", BlockId { file: f, index: 0 }, blocks);
+        // One flushed block is no tail, however quiet.
+        append(&mut b, 64 + 10);
+        flush_all(&mut b);
+        assert!(tail_within(&mut b, 3, 10).is_none());
+        // A second block: the tail comes once the file was quiet for 3 ticks, counted from
+        // that block's flush.
+        append(&mut b, 64);
+        flush_all(&mut b);
+        let (tick, job) = tail_within(&mut b, 3, 10).expect("two quiet blocks make a tail");
+        assert_eq!(tick, 3);
+        assert_eq!(
+            job.kind,
+            CombineKind::Segment {
+                first: 0,
+                blocks: 2
+            }
+        );
+        assert_eq!((job.rows, job.target.clone()), (128, path(2)));
+        assert_eq!(
+            job.sources,
+            [0, 1].map(|index| block_path("t", BlockId { file: f, index }))
+        );
+        // In flight: nothing more is offered, and readers still read the blocks.
+        assert!(tail_within(&mut b, 1, 5).is_none());
+        assert!(b.take_combine_job().is_none());
+        assert_eq!(layout(&b).len(), 3);
+        let Combined::Segment { superseded: None } = b.combine_done(&job, ObjectFacts::default())
+        else {
+            panic!("the first tail supersedes nothing")
+        };
+        assert_eq!(layout(&b), [(0, 0, 128, tail(2)), (2, 128, 10, None)]);
+        // The same blocks are never written again.
+        assert!(tail_within(&mut b, 1, 5).is_none());
+        // A failed tail is offered again; a longer one supersedes the one before.
+        append(&mut b, 64);
+        flush_all(&mut b);
+        let (_, job) = tail_within(&mut b, 3, 10).unwrap();
+        b.combine_failed(&job);
+        let (_, job) = tail_within(&mut b, 3, 10).expect("offered again");
+        assert_eq!((job.rows, job.target.clone()), (192, path(3)));
+        let Combined::Segment { superseded } = b.combine_done(&job, ObjectFacts::default()) else {
+            panic!("a tail is a segment")
+        };
+        assert_eq!(superseded, Some(path(2)));
+        assert_eq!(layout(&b), [(0, 0, 192, tail(3)), (3, 192, 10, None)]);
+        // Four flushed blocks make the full segment, not a tail; it supersedes the tail.
+        append(&mut b, 64);
+        flush_all(&mut b);
+        assert!(tail_within(&mut b, 1, 5).is_none());
+        let job = b.take_combine_job().expect("the full segment");
+        assert_eq!(job.target, path(4));
+        let Combined::Segment { superseded } = b.combine_done(&job, ObjectFacts::default()) else {
+            panic!("a segment")
+        };
+        assert_eq!(superseded, Some(path(3)));
+        assert_eq!(layout(&b), [(0, 0, 256, tail(4)), (4, 256, 10, None)]);
+    }
+
+    #[test]
+    fn blocks_still_coming_make_no_tail_and_a_full_file_retires_its_tail() {
+        let mut b = four_block_segments();
+        let f = FileId(1);
+        // A block flushed every other tick never leaves 3 quiet ticks.
+        for _ in 0..4 {
+            append(&mut b, 64);
+            flush_all(&mut b);
+            assert!(b.take_tail_job(3).is_none());
+            assert!(b.take_tail_job(3).is_none());
+        }
+        // Blocks 4 and 5 after the first segment: their tail starts at block 4.
+        let job = b.take_combine_job().unwrap();
+        let _ = b.combine_done(&job, ObjectFacts::default());
+        append(&mut b, 64 * 2);
+        flush_all(&mut b);
+        let (_, tail) = tail_within(&mut b, 3, 10).unwrap();
+        let tail_path = segment_path("t", BlockId { file: f, index: 4 }, 2);
+        assert_eq!(tail.target, tail_path);
+        let _ = b.combine_done(&tail, ObjectFacts::default());
+        // The file fills: no tail for a full file, and its combination retires the tail.
+        append(&mut b, 64 * 6);
+        flush_all(&mut b);
+        assert!(tail_within(&mut b, 1, 5).is_none());
+        let mut kinds = Vec::new();
+        while let Some(job) = b.take_combine_job() {
+            kinds.push(job.kind.clone());
+            if let CombineKind::File { retire } = &job.kind {
+                assert!(retire.contains(&tail_path), "{retire:?}");
+            }
+            let _ = b.combine_done(&job, ObjectFacts::default());
+        }
+        assert!(
+            matches!(kinds.last(), Some(CombineKind::File { .. })),
+            "{kinds:?}"
+        );
     }
 }

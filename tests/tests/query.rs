@@ -819,3 +819,87 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
     });
     node.shutdown();
 }
+
+#[test]
+fn a_table_gone_quiet_is_read_from_one_tail_object_per_shard_at_every_snapshot() {
+    // Blocks of 64 rows and segments of 8: about 4 blocks a shard stay short of a segment,
+    // and would be an object each.
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_with(
+        &dir.path().join("data"),
+        Settings {
+            row_group_rows: 512,
+            file_rows: 1 << 16,
+            query_lease_ms: 10_000,
+            ..retina_tests::small_files(2, 5)
+        },
+    );
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    insert_ledger(&h, 0, 500, 10);
+    let ledger = |n: i64| {
+        vec![
+            Value::Int(n),
+            Value::Int(n % 3),
+            Value::Int(n % 5),
+            Value::Int(n),
+        ]
+    };
+    let deletes: Vec<Txn> = vec![
+        (0..500)
+            .filter(|n| n % 7 == 0)
+            .map(|n| TableOp {
+                table: 1,
+                op: RowOp::Delete(ledger(n)),
+            })
+            .collect(),
+    ];
+    let ts = h.submit(&deletes).unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    let expected: Vec<Vec<i64>> = (0..500).filter(|n| n % 7 != 0).map(|n| vec![n]).collect();
+    let rt = retina_tests::runtime();
+    rt.block_on(async {
+        let retina = Retina::connect(addr, "").unwrap();
+        // A query begun before the tails are written reads the same rows after.
+        let early = retina.begin().await.unwrap();
+        let conn = retina.connection();
+        let start = Instant::now();
+        loop {
+            let q = retina.begin().await.unwrap();
+            let plan = conn.plan(q.query_id(), "bank.ledger").await.unwrap();
+            let mut objects = Vec::new();
+            for &service in &plan.buffers {
+                let parts = conn
+                    .write_buffer(service, q.info(), plan.table.id, vec![], vec![])
+                    .await
+                    .unwrap();
+                objects.push(
+                    parts
+                        .iter()
+                        .filter(|p| matches!(p.data, retina_client::PartData::Path(_)))
+                        .map(|p| p.rows)
+                        .collect::<Vec<_>>(),
+                );
+            }
+            // Each shard's flushed blocks as one object of more than one block.
+            if objects.len() == 2 && objects.iter().all(|o| o.len() == 1 && o[0] > 64) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no tail segment on every shard: {objects:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for session in [&early, &retina.begin().await.unwrap()] {
+            let rows = ints(
+                &session
+                    .collect("SELECT n FROM bank.ledger ORDER BY n")
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(rows, expected);
+        }
+    });
+    node.shutdown();
+}

@@ -56,9 +56,22 @@ pub struct ShardSetup {
     pub(crate) batch_buffers: Option<BatchBuffers>,
 }
 
+/// How long a file's flushed blocks stay unchanged before those past its last segment are
+/// combined into a tail segment: long enough that a table still being written to makes no
+/// tails, short enough that a table that went quiet is read as a few objects soon after.
+const TAIL_QUIET: Duration = Duration::from_secs(1);
+
+/// [`TAIL_QUIET`] in ticks of `flush_interval`, at least one.
+fn tail_quiet_ticks(flush_interval: Duration) -> u32 {
+    let ticks = TAIL_QUIET.as_millis() / flush_interval.as_millis().max(1);
+    u32::try_from(ticks).unwrap_or(u32::MAX).max(1)
+}
+
 pub struct ShardActor {
     id: u16,
     shard: Shard,
+    /// Ticks a file's flushed blocks stay unchanged before its tail becomes a segment.
+    tail_quiet_ticks: u32,
     coord: flume::Sender<CoordMsg>,
     io: flume::Sender<IoRequest>,
     status: Arc<NodeStatus>,
@@ -134,6 +147,7 @@ impl ShardActor {
             status: setup.status,
             own: setup.own,
             dead_fraction: setup.dead_fraction,
+            tail_quiet_ticks: tail_quiet_ticks(setup.flush_interval),
             vis: VisCheckpoints::new(&setup.data_dir, setup.id),
             data_dir: setup.data_dir,
             lake_checkpoints: setup.lake_checkpoints,
@@ -351,7 +365,9 @@ impl ShardActor {
                 shard.flush_failed(table, job.block);
             }
         }
-        for (table, job) in shard.take_combine_jobs() {
+        let mut combine = shard.take_combine_jobs();
+        combine.extend(shard.take_tail_jobs(self.tail_quiet_ticks));
+        for (table, job) in combine {
             let schema = shard.schema(table).expect("a shard's own table").clone();
             let req = IoRequest::Combine {
                 schema,
