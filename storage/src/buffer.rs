@@ -17,7 +17,7 @@
 //! how long, in ticks), those blocks, two or more, are combined into a *tail* segment, which
 //! readers open in their place until a longer tail or the full segment supersedes it; a
 //! superseded tail is handed back to retire. While blocks keep coming no tail is written, so
-//! a busy table pays nothing for them.
+//! a busy table pays nothing for them. A full file's combination reads its tail too.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -550,7 +550,6 @@ impl WriteBuffer {
             file.combining = true;
             let blocks = file.sealed.len() as u32;
             let id = file.id;
-            // Read the segments in place of their blocks.
             let segments: Vec<Path> = (0..file.segments.len() as u32)
                 .map(|k| {
                     segment_path(
@@ -563,13 +562,17 @@ impl WriteBuffer {
                     )
                 })
                 .collect();
+            // Read the segments, and a tail, in place of their blocks.
+            let tail = file.tail_path(table, seg);
+            let covered = file.segments.len() as u32 * seg + file.tail.map_or(0, |(n, _)| n);
             let mut sources = segments.clone();
-            sources.extend((file.segments.len() as u32 * seg..blocks).map(|i| block(id, i)));
+            sources.extend(tail.clone());
+            sources.extend((covered..blocks).map(|i| block(id, i)));
             // (A segment written before a restart is known to no checkpoint: recovery deleted
             // it with the other objects no shard reads.)
             let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
             retire.extend(segments);
-            retire.extend(file.tail_path(table, seg));
+            retire.extend(tail);
             return Some(CombineJob {
                 file: id,
                 rows: file.rows,
@@ -1288,6 +1291,13 @@ mod tests {
             kinds.push(job.kind.clone());
             if let CombineKind::File { retire } = &job.kind {
                 assert!(retire.contains(&tail_path), "{retire:?}");
+                // It reads the segment and the tail in place of their blocks.
+                let mut sources = vec![
+                    segment_path("t", BlockId { file: f, index: 0 }, 4),
+                    tail_path.clone(),
+                ];
+                sources.extend((6..12).map(|index| block_path("t", BlockId { file: f, index })));
+                assert_eq!(job.sources, sources);
             }
             let _ = b.combine_done(&job, ObjectFacts::default());
         }
