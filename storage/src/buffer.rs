@@ -703,33 +703,21 @@ impl WriteBuffer {
     }
 
     /// Every block of every virtual file, for a reader: in-memory blocks (the active one
-    /// included, as it is now) and flushed ones by path, a written segment in place of its
-    /// blocks (its id is its first block's).
+    /// included, as it is now) and flushed ones by path, a written segment or tail in place
+    /// of its blocks (its id is its first block's).
     pub fn blocks(&self) -> Vec<BufferBlock> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
         let mut out = Vec::new();
         for file in &self.files {
             let mut offset = 0u64;
-            for (k, facts) in (0u32..).zip(&file.segments) {
+            let mut covered = 0;
+            // The segments, then a tail: each `blocks` blocks from block `covered` on.
+            let segments = file.segments.iter().map(|facts| (seg, *facts));
+            for (blocks, facts) in segments.chain(file.tail) {
                 let id = BlockId {
                     file: file.id,
-                    index: k * seg,
-                };
-                let rows = u64::from(seg) * self.block_rows as u64;
-                out.push(BufferBlock {
-                    id,
-                    offset,
-                    rows,
-                    data: BlockData::Object(segment_path(table, id, seg), *facts),
-                });
-                offset += rows;
-            }
-            let mut covered = file.segments.len() * seg as usize;
-            if let Some((blocks, facts)) = file.tail {
-                let id = BlockId {
-                    file: file.id,
-                    index: covered as u32,
+                    index: covered,
                 };
                 let rows = u64::from(blocks) * self.block_rows as u64;
                 out.push(BufferBlock {
@@ -739,8 +727,9 @@ impl WriteBuffer {
                     data: BlockData::Object(segment_path(table, id, blocks), facts),
                 });
                 offset += rows;
-                covered += blocks as usize;
+                covered += blocks;
             }
+            let covered = covered as usize;
             for (index, state) in file.sealed.iter().enumerate().skip(covered) {
                 let id = BlockId {
                     file: file.id,
