@@ -13,11 +13,12 @@
 //! reads the segments instead of their blocks.
 //!
 //! The flushed blocks past the last segment (fewer than a segment's worth) would still be an
-//! object each. When a file's flushed blocks have not changed for a while (the caller says
-//! how long, in ticks), those blocks, two or more, are combined into a *tail* segment, which
-//! readers open in their place until a longer tail or the full segment supersedes it; a
-//! superseded tail is handed back to retire. While blocks keep coming no tail is written, so
-//! a busy table pays nothing for them. A full file's combination reads its tail too.
+//! object each. When a file has taken no row and flushed no block for a while (the caller
+//! says how long, in ticks), those blocks, two or more, are combined into a *tail* segment,
+//! which readers open in their place until a longer tail or the full segment supersedes it; a
+//! superseded tail is handed back to retire. While rows keep coming no tail is written, so a
+//! table being written to pays nothing for them. A full file's combination reads its tail
+//! too.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -307,8 +308,10 @@ pub struct VirtualFile {
     /// A tail segment written: of this many flushed blocks right after the segments (at least
     /// two, fewer than a segment's worth); readers use it in place of those blocks.
     tail: Option<(u32, ObjectFacts)>,
-    /// Ticks since a block of the file was last flushed or a segment of it written.
+    /// Ticks in a row in which the file took no row, flushed no block and wrote no segment.
     quiet_ticks: u32,
+    /// Its rows at the last tick.
+    rows_seen: u64,
 }
 
 impl VirtualFile {
@@ -437,6 +440,7 @@ impl WriteBuffer {
             segment_in_flight: false,
             tail: None,
             quiet_ticks: 0,
+            rows_seen: 0,
         });
         NewFile {
             file: id,
@@ -609,17 +613,23 @@ impl WriteBuffer {
         })
     }
 
-    /// Counts a tick of quiet for every file and returns a tail segment to write, marked as
-    /// in flight: of the flushed blocks past a file's segments, two or more and more than its
-    /// tail has, in a file that is not full, whose blocks have not been flushed for
-    /// `quiet_ticks` ticks (counting this one) and that has no segment in flight. The caller
-    /// calls this once a tick.
+    /// Counts a tick for every file (a quiet one if the file took no row since the last) and
+    /// returns a tail segment to write, marked as in flight: of the flushed blocks past a
+    /// file's segments, two or more and more than its tail has, in a file that is not full,
+    /// has no segment in flight and has been quiet for `quiet_ticks` ticks in a row (counting
+    /// this one; a flush or a segment written starts the count again). A table that keeps
+    /// taking rows, however slowly, makes no tails. The caller calls this once a tick.
     pub fn take_tail_job(&mut self, quiet_ticks: u32) -> Option<CombineJob> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
         let block_rows = self.block_rows as u64;
         for f in &mut self.files {
-            f.quiet_ticks = f.quiet_ticks.saturating_add(1);
+            if f.rows == f.rows_seen {
+                f.quiet_ticks = f.quiet_ticks.saturating_add(1);
+            } else {
+                f.rows_seen = f.rows;
+                f.quiet_ticks = 0;
+            }
         }
         let (file, first, blocks) = self.files.iter_mut().find_map(|f| {
             let first = f.segments.len() as u32 * seg;
@@ -967,6 +977,7 @@ impl WriteBuffer {
                 segment_in_flight: false,
                 tail: None,
                 quiet_ticks: 0,
+                rows_seen: f.rows,
             });
         }
         Ok(WriteBuffer {
@@ -1197,12 +1208,12 @@ mod tests {
         append(&mut b, 64 + 10);
         flush_all(&mut b);
         assert!(tail_within(&mut b, 3, 10).is_none());
-        // A second block: the tail comes once the file was quiet for 3 ticks, counted from
-        // that block's flush.
+        // A second block: the tail comes once the file was quiet for 3 ticks (the tick that
+        // sees its rows is not quiet).
         append(&mut b, 64);
         flush_all(&mut b);
         let (tick, job) = tail_within(&mut b, 3, 10).expect("two quiet blocks make a tail");
-        assert_eq!(tick, 3);
+        assert_eq!(tick, 4);
         assert_eq!(
             job.kind,
             CombineKind::Segment {
@@ -1255,18 +1266,26 @@ mod tests {
     fn blocks_still_coming_make_no_tail_and_a_full_file_retires_its_tail() {
         let mut b = four_block_segments();
         let f = FileId(1);
-        // A block flushed every other tick never leaves 3 quiet ticks.
-        for _ in 0..4 {
-            append(&mut b, 64);
+        // Rows that keep coming, however few, leave no 3 quiet ticks: a row each tick for a
+        // while makes no tail of blocks 0 and 1.
+        append(&mut b, 64 * 2);
+        flush_all(&mut b);
+        for _ in 0..10 {
+            append(&mut b, 1);
+            assert!(b.take_tail_job(3).is_none());
+        }
+        append(&mut b, 64 * 2 - 10);
+        // A block flushed every other tick never leaves 3 quiet ticks either.
+        for _ in 0..2 {
             flush_all(&mut b);
             assert!(b.take_tail_job(3).is_none());
             assert!(b.take_tail_job(3).is_none());
+            append(&mut b, 64);
         }
+        flush_all(&mut b);
         // Blocks 4 and 5 after the first segment: their tail starts at block 4.
         let job = b.take_combine_job().unwrap();
         let _ = b.combine_done(&job, ObjectFacts::default());
-        append(&mut b, 64 * 2);
-        flush_all(&mut b);
         let (_, tail) = tail_within(&mut b, 3, 10).unwrap();
         let tail_path = segment_path("t", BlockId { file: f, index: 4 }, 2);
         assert_eq!(tail.target, tail_path);

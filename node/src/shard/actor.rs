@@ -56,9 +56,8 @@ pub struct ShardSetup {
     pub(crate) batch_buffers: Option<BatchBuffers>,
 }
 
-/// How long a file's flushed blocks stay unchanged before those past its last segment are
-/// combined into a tail segment: long enough that a table still being written to makes no
-/// tails, short enough that a table that went quiet is read as a few objects soon after.
+/// How long a file takes no row before its flushed blocks past its last segment are combined
+/// into a tail segment: a table that went quiet is read as a few objects soon after.
 const TAIL_QUIET: Duration = Duration::from_secs(1);
 
 /// [`TAIL_QUIET`] in ticks of `flush_interval`, at least one.
@@ -70,7 +69,7 @@ fn tail_quiet_ticks(flush_interval: Duration) -> u32 {
 pub struct ShardActor {
     id: u16,
     shard: Shard,
-    /// Ticks a file's flushed blocks stay unchanged before its tail becomes a segment.
+    /// Ticks a file takes no row before its tail becomes a segment.
     tail_quiet_ticks: u32,
     coord: flume::Sender<CoordMsg>,
     io: flume::Sender<IoRequest>,
