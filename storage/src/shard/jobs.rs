@@ -48,8 +48,8 @@ impl Shard {
         jobs
     }
 
-    /// Tail segments to write in files whose flushed blocks have been quiet for
-    /// `quiet_ticks` ticks, marked as in flight; the caller calls this once a tick.
+    /// Tail segments to write in files that took no row for `quiet_ticks` ticks, marked as
+    /// in flight; the caller calls this once a tick.
     pub fn take_tail_jobs(&mut self, quiet_ticks: u32) -> Vec<(TableId, CombineJob)> {
         let mut jobs = Vec::new();
         for (t, table) in self.tables.iter_mut().enumerate() {
@@ -67,17 +67,22 @@ impl Shard {
     /// tail segment it superseded retires until no query can read it. A combined file: later
     /// snapshots read it instead of the virtual file's objects, which retire the same way.
     pub fn combine_done(&mut self, table: TableId, job: CombineJob, combined: CombinedFile) {
-        let applied = self.applied_through;
+        // Objects readers no longer get: they go once no query and no restorable checkpoint
+        // can read them.
+        let retired = Retired {
+            replaced_at: self.applied_through,
+            after_checkpoint: self.last_checkpoint,
+            paths: Vec::new(),
+            file: None,
+        };
         let t = &mut self.tables[table as usize];
         let virtual_file = match t.buffer.combine_done(&job, combined.facts()) {
             Combined::File(f) => f,
             Combined::Segment { superseded } => {
                 if let Some(path) = superseded {
                     t.retired.push(Retired {
-                        replaced_at: applied,
-                        after_checkpoint: self.last_checkpoint,
                         paths: vec![path],
-                        file: None,
+                        ..retired
                     });
                 }
                 return;
@@ -97,10 +102,8 @@ impl Shard {
             .expect("a combined file is tracked")
             .regular = Some(groups);
         t.retired.push(Retired {
-            replaced_at: applied,
-            after_checkpoint: self.last_checkpoint,
             paths: retire,
-            file: None,
+            ..retired
         });
     }
 
