@@ -504,10 +504,11 @@ impl WriteBuffer {
     /// The block is durable in the object store, `bytes` long: drop its memory copy.
     pub fn flush_done(&mut self, block: BlockId, bytes: u64) {
         let ts = self.schema.create_ts_index();
-        if let Some(f) = self.files.iter_mut().find(|f| f.id == block.file) {
-            f.quiet_ticks = 0;
-        }
-        if let Some(state) = self.block_state(block) {
+        let Some(file) = self.files.iter_mut().find(|f| f.id == block.file) else {
+            return;
+        };
+        file.quiet_ticks = 0;
+        if let Some(state) = file.sealed.get_mut(block.index as usize) {
             let BlockState::Flushing(batch) = state else {
                 panic!("{block:?} was not flushing");
             };
@@ -596,21 +597,7 @@ impl WriteBuffer {
         })?;
         file.segment_in_flight = true;
         let first = file.segments.len() as u32 * seg;
-        let id = file.id;
-        Some(CombineJob {
-            file: id,
-            rows: u64::from(seg) * self.block_rows as u64,
-            sources: (first..first + seg).map(|i| block(id, i)).collect(),
-            target: segment_path(
-                table,
-                BlockId {
-                    file: id,
-                    index: first,
-                },
-                seg,
-            ),
-            kind: CombineKind::Segment { first, blocks: seg },
-        })
+        Some(segment_job(table, file.id, first, seg, self.block_rows))
     }
 
     /// Counts a tick for every file (a quiet one if the file took no row since the last) and
@@ -622,7 +609,6 @@ impl WriteBuffer {
     pub fn take_tail_job(&mut self, quiet_ticks: u32) -> Option<CombineJob> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
-        let block_rows = self.block_rows as u64;
         for f in &mut self.files {
             if f.rows == f.rows_seen {
                 f.quiet_ticks = f.quiet_ticks.saturating_add(1);
@@ -649,23 +635,7 @@ impl WriteBuffer {
                 .then_some((f, first, blocks))
         })?;
         file.segment_in_flight = true;
-        let id = file.id;
-        Some(CombineJob {
-            file: id,
-            rows: u64::from(blocks) * block_rows,
-            sources: (first..first + blocks)
-                .map(|index| block_path(table, BlockId { file: id, index }))
-                .collect(),
-            target: segment_path(
-                table,
-                BlockId {
-                    file: id,
-                    index: first,
-                },
-                blocks,
-            ),
-            kind: CombineKind::Segment { first, blocks },
-        })
+        Some(segment_job(table, file.id, first, blocks, self.block_rows))
     }
 
     /// The combination is durable, as `facts` say. A combined file's virtual file leaves the
@@ -988,6 +958,27 @@ impl WriteBuffer {
             files,
             next_row: image.next_row,
         })
+    }
+}
+
+/// The job that combines `blocks` flushed blocks of file `id` from block `first` on into a
+/// segment (a full one, or a tail).
+fn segment_job(table: &str, id: FileId, first: u32, blocks: u32, block_rows: usize) -> CombineJob {
+    CombineJob {
+        file: id,
+        rows: u64::from(blocks) * block_rows as u64,
+        sources: (first..first + blocks)
+            .map(|index| block_path(table, BlockId { file: id, index }))
+            .collect(),
+        target: segment_path(
+            table,
+            BlockId {
+                file: id,
+                index: first,
+            },
+            blocks,
+        ),
+        kind: CombineKind::Segment { first, blocks },
     }
 }
 
