@@ -77,6 +77,7 @@ pub fn io_main(
     lake: Option<Arc<std::path::Path>>,
     status: Arc<NodeStatus>,
 ) {
+    let lake = lake.map(|root| Arc::new(LocalLake::new(root)));
     let handle = rt.handle().clone();
     rt.block_on(async move {
         // A counting semaphore: a request takes a slot, and gives it back when done.
@@ -109,38 +110,69 @@ pub fn io_main(
     });
 }
 
-/// Makes the local lake object at `path` durable: its data, and its entry in its folder (and
-/// the folders above it up to the lake, which the store may have just created). A checkpoint
-/// may refer to it once the shard hears it was written, and the checkpoint is fsynced. On a
-/// remote lake (`None`) a completed PUT is durable already.
-fn sync_object(
-    lake: Option<&std::path::Path>,
-    path: &object_store::path::Path,
-) -> Result<(), String> {
-    let Some(lake) = lake else {
-        return Ok(());
-    };
-    let file = lake.join(path.as_ref());
-    let err = |e: std::io::Error| format!("syncing {}: {e}", file.display());
-    std::fs::File::open(&file)
-        .and_then(|f| f.sync_all())
-        .map_err(err)?;
-    let mut dir = file.parent();
-    while let Some(d) = dir {
-        crate::durable::sync_dir(d).map_err(err)?;
-        if d == lake {
-            break;
+/// The lake's local folder, whose objects are fsynced, and the folders under it whose own
+/// entries are known durable: a folder the store creates for an object (a table's, its
+/// `buffer/`) is synced into its parent once, not again for every object after. The lake's
+/// folders are never removed while the node runs, so an entry once durable stays so.
+struct LocalLake {
+    root: Arc<std::path::Path>,
+    durable_dirs: std::sync::Mutex<std::collections::HashSet<std::path::PathBuf>>,
+}
+
+impl LocalLake {
+    fn new(root: Arc<std::path::Path>) -> Self {
+        LocalLake {
+            root,
+            durable_dirs: Default::default(),
         }
-        dir = d.parent();
     }
-    Ok(())
+
+    /// Makes the object at `path` durable: its data, its entry in its folder, and the entries
+    /// of the folders above it up to the lake that are not known durable yet (the store may
+    /// have just created them). A checkpoint may refer to it once the shard hears it was
+    /// written, and the checkpoint is fsynced.
+    fn sync_object(&self, path: &object_store::path::Path) -> Result<(), String> {
+        let file = self.root.join(path.as_ref());
+        let err = |e: std::io::Error| format!("syncing {}: {e}", file.display());
+        std::fs::File::open(&file)
+            .and_then(|f| f.sync_all())
+            .map_err(err)?;
+        let Some(mut dir) = file.parent() else {
+            return Ok(());
+        };
+        crate::durable::sync_dir(dir).map_err(err)?;
+        // Up the tree while a folder's own entry is not known durable: sync its parent.
+        while dir != &*self.root && !self.known_durable(dir) {
+            let Some(parent) = dir.parent() else { break };
+            crate::durable::sync_dir(parent).map_err(err)?;
+            self.durable_dirs
+                .lock()
+                .expect("the durable folders")
+                .insert(dir.to_path_buf());
+            dir = parent;
+        }
+        Ok(())
+    }
+
+    fn known_durable(&self, dir: &std::path::Path) -> bool {
+        self.durable_dirs
+            .lock()
+            .expect("the durable folders")
+            .contains(dir)
+    }
+}
+
+/// Makes a written object durable: on a local lake see [`LocalLake::sync_object`]; on a
+/// remote lake (`None`) a completed PUT is durable already.
+fn sync_object(lake: Option<&LocalLake>, path: &object_store::path::Path) -> Result<(), String> {
+    lake.map_or(Ok(()), |lake| lake.sync_object(path))
 }
 
 async fn handle_io(
     req: IoRequest,
     store: &dyn ObjectStore,
     config: &retina_storage::StorageConfig,
-    lake: Option<&std::path::Path>,
+    lake: Option<&LocalLake>,
 ) {
     match req {
         IoRequest::Flush {
@@ -203,5 +235,64 @@ async fn handle_io(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_synced_into_its_parent_once_and_a_missing_object_fails_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(root.path()).unwrap();
+        let lake = LocalLake::new(root.as_path().into());
+        let put = |name: &str| {
+            let file = root.join(name);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, b"object").unwrap();
+            object_store::path::Path::from(name)
+        };
+        let known = |lake: &LocalLake| {
+            let mut dirs: Vec<_> = lake
+                .durable_dirs
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    d.strip_prefix(&root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
+            dirs.sort();
+            dirs
+        };
+        // The first object makes every folder above it durable, up to the lake.
+        sync_object(Some(&lake), &put("tables/t/buffer/a.parquet")).unwrap();
+        assert_eq!(known(&lake), ["tables", "tables/t", "tables/t/buffer"]);
+        // Objects after it sync their folder; only a new folder's entry is synced above it.
+        sync_object(Some(&lake), &put("tables/t/buffer/b.parquet")).unwrap();
+        sync_object(Some(&lake), &put("tables/t/f.parquet")).unwrap();
+        assert_eq!(known(&lake), ["tables", "tables/t", "tables/t/buffer"]);
+        sync_object(Some(&lake), &put("tables/u/buffer/a.parquet")).unwrap();
+        assert_eq!(
+            known(&lake),
+            [
+                "tables",
+                "tables/t",
+                "tables/t/buffer",
+                "tables/u",
+                "tables/u/buffer"
+            ]
+        );
+        // An object at the lake's top syncs the lake's folder alone.
+        sync_object(Some(&lake), &put("top.parquet")).unwrap();
+        assert_eq!(known(&lake).len(), 5);
+        // A remote lake syncs nothing; a missing local object is an error naming it.
+        sync_object(None, &"nowhere.parquet".into()).unwrap();
+        let err = sync_object(Some(&lake), &"tables/t/missing.parquet".into()).unwrap_err();
+        assert!(err.contains("tables/t/missing.parquet"), "{err}");
     }
 }
