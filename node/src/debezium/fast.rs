@@ -8,6 +8,7 @@
 //! with their exact texts.
 
 use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 use retina_storage::TableSchema;
@@ -76,6 +77,21 @@ struct Source<'a> {
     schema: Option<&'a str>,
     db: Option<&'a str>,
     connector: Option<&'a str>,
+}
+
+/// A `source` block a thread read whole, and where its names are in it (table, schema, db,
+/// connector): the read is a function of the block's bytes alone, so a block with the same
+/// bytes has its names at the same places. A thread keeps the last [`LAST_SOURCES_KEPT`]
+/// (a stream's transactions interleave a few tables).
+struct LastSource {
+    block: Vec<u8>,
+    names: [Option<Range<usize>>; 4],
+}
+
+const LAST_SOURCES_KEPT: usize = 8;
+
+thread_local! {
+    static LAST_SOURCES: std::cell::RefCell<Vec<LastSource>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A bare change event's payload: what the parse reads of it.
@@ -509,7 +525,60 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// `source`: most events of a stream carry the same block, byte for byte, so the names
+    /// read from the last one are found in the next by where they were (see [`LastSource`]).
     fn source(&mut self) -> Option<Source<'a>> {
+        self.peek()?;
+        let start = self.i;
+        let rest = &self.bytes()[start..];
+        let known = LAST_SOURCES.with_borrow(|known| {
+            let last = known.iter().find(|last| rest.starts_with(&last.block))?;
+            let name = |at: &Option<Range<usize>>| {
+                at.as_ref()
+                    .map(|r| &self.text[start + r.start..start + r.end])
+            };
+            let [table, schema, db, connector] = &last.names;
+            Some((
+                last.block.len(),
+                Source {
+                    table: name(table),
+                    schema: name(schema),
+                    db: name(db),
+                    connector: name(connector),
+                },
+            ))
+        });
+        if let Some((len, source)) = known {
+            self.i += len;
+            return Some(source);
+        }
+        let source = self.read_source()?;
+        let at = |name: Option<&str>| {
+            name.map(|n| {
+                let from = n.as_ptr() as usize - self.text.as_ptr() as usize - start;
+                from..from + n.len()
+            })
+        };
+        let last = LastSource {
+            block: self.bytes()[start..self.i].to_vec(),
+            names: [
+                at(source.table),
+                at(source.schema),
+                at(source.db),
+                at(source.connector),
+            ],
+        };
+        LAST_SOURCES.with_borrow_mut(|known| {
+            if known.len() == LAST_SOURCES_KEPT {
+                known.pop();
+            }
+            known.insert(0, last);
+        });
+        Some(source)
+    }
+
+    /// `source` read member by member.
+    fn read_source(&mut self) -> Option<Source<'a>> {
         self.expect(b'{')?;
         let mut s = Source::default();
         self.members(|scan, key| {

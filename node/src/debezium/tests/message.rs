@@ -735,6 +735,53 @@ fn the_one_pass_read_agrees_with_the_full_parse() {
     assert!(matches!(change(twice).op, ChangeOp::Insert(row) if row == order_row(2, 3, None)));
 }
 
+/// A `source` block read before is found again by its bytes, wherever it stands in the line and
+/// among more blocks than a thread keeps; a block that differs in any byte is read anew.
+#[test]
+fn source_blocks_read_again_agree_with_the_full_parse() {
+    let options = ParseOptions::default();
+    let fast = |line: &str| {
+        super::super::fast::parse_change(line, &at(1), &catalog, &options)
+            .map(|m| format!("{:?}", Ok::<_, DebeziumError>(m)))
+    };
+    let block = |k: usize| {
+        // The names move within the block as `k` grows: a field before them, of k digits.
+        let pad = "7".repeat(k + 1);
+        match k % 3 {
+            0 => format!(r#"{{"n":{pad},"schema":"public","table":"orders"}}"#),
+            1 => format!(
+                r#"{{"connector":"postgresql","n":{pad},"table":"orders","schema":"public"}}"#
+            ),
+            _ => format!(r#"{{ "table" : "items" , "n":{pad}, "db" : "x" }}"#),
+        }
+    };
+    for round in 0..3 {
+        for k in 0..20 {
+            let src = block(k);
+            let after = match k % 3 {
+                2 => r#"{"a":1,"b":"z","ok":true,"ratio":0.5}"#,
+                _ => r#"{"id":1,"qty":2}"#,
+            };
+            for line in [
+                format!(r#"{{"op":"c","source":{src},"after":{after}}}"#),
+                format!(r#"{{"after":{after},"op":"r","ts_ms":{round},"source":{src}}}"#),
+            ] {
+                let got = fast(&line).unwrap_or_else(|| panic!("left alone: {line}"));
+                assert_eq!(got, full(&line), "{line}");
+            }
+        }
+    }
+    // The same bytes up to a name that differs, or a block left open: read anew.
+    fast(r#"{"op":"c","source":{"schema":"public","table":"orders"},"after":{"id":1,"qty":2}}"#)
+        .unwrap();
+    let other =
+        r#"{"op":"c","source":{"schema":"public","table":"ordersx"},"after":{"id":1,"qty":2}}"#;
+    assert_eq!(fast(other), None, "an unknown table");
+    let open =
+        r#"{"op":"c","source":{"schema":"public","table":"orders","after":{"id":1,"qty":2}}"#;
+    assert_eq!(fast(open), None, "{open}");
+}
+
 /// BEGIN and END read in one pass agree with the DOM parse, which is left every other shape
 /// and every error.
 #[test]
