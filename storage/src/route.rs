@@ -12,18 +12,38 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// The stable routing hash of a table name and encoded primary key.
 pub fn key_hash(table: &str, key: &[u8]) -> u64 {
-    let mut h = FNV_OFFSET;
-    for &b in table.as_bytes().iter().chain(&[0xFF]).chain(key) {
+    key_hash_from(table_seed(table), key)
+}
+
+/// The routing hash's state after a table's name: the same for every key of the table, so
+/// [`TableSchema`] keeps it ([`TableSchema::route_seed`]) and a row hashes its key alone.
+pub fn table_seed(table: &str) -> u64 {
+    fnv(FNV_OFFSET, table.as_bytes().iter().chain(&[0xFF]))
+}
+
+/// [`key_hash`] from a table's [`table_seed`].
+fn key_hash_from(seed: u64, key: &[u8]) -> u64 {
+    let h = fnv(seed, key);
+    // FNV's low bits mix poorly; fold the high half in before the modulo.
+    h ^ (h >> 32)
+}
+
+fn fnv<'a>(mut h: u64, bytes: impl IntoIterator<Item = &'a u8>) -> u64 {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(FNV_PRIME);
     }
-    // FNV's low bits mix poorly; fold the high half in before the modulo.
-    h ^ (h >> 32)
+    h
 }
 
 /// The shard, of `shards`, that owns the encoded primary key `key` of `table`.
 pub fn shard_for_key(table: &str, key: &[u8], shards: u16) -> u16 {
     (key_hash(table, key) % u64::from(shards)) as u16
+}
+
+/// [`shard_for_key`] of a key of `schema`'s table.
+pub fn shard_for_table_key(schema: &TableSchema, key: &[u8], shards: u16) -> u16 {
+    (key_hash_from(schema.route_seed(), key) % u64::from(shards)) as u16
 }
 
 /// The shard, of `shards`, that owns `row`'s key (its key values checked against `schema`).
@@ -36,7 +56,7 @@ pub fn shard_of<R: RowRef + ?Sized>(
 ) -> u16 {
     scratch.clear();
     encode_key(schema, row, scratch);
-    shard_for_key(schema.name(), scratch, shards)
+    shard_for_table_key(schema, scratch, shards)
 }
 
 #[cfg(test)]
@@ -66,5 +86,35 @@ mod tests {
             );
         }
         assert_eq!(shard_for_key("t", &[0, 0, 0, 1], 1), 0);
+    }
+
+    #[test]
+    fn a_schema_routes_its_keys_as_its_name_does() {
+        use crate::schema::{ColumnDef, ColumnType};
+        let schema = TableSchema::new(
+            "orderline",
+            vec![ColumnDef::new("k", ColumnType::Int64, false)],
+            &["k"],
+        )
+        .unwrap();
+        for k in 0u64..1_000 {
+            let key = k.to_be_bytes();
+            for shards in [1u16, 2, 3, 16] {
+                assert_eq!(
+                    shard_for_table_key(&schema, &key, shards),
+                    shard_for_key("orderline", &key, shards)
+                );
+            }
+        }
+        assert_ne!(
+            schema.route_seed(),
+            TableSchema::new(
+                "t",
+                vec![ColumnDef::new("k", ColumnType::Int64, false)],
+                &["k"]
+            )
+            .unwrap()
+            .route_seed()
+        );
     }
 }

@@ -108,6 +108,8 @@ pub struct TableSchema {
     columns: Vec<ColumnDef>,
     primary_key: Vec<usize>,
     arrow: SchemaRef,
+    /// [`crate::route::table_seed`] of the name.
+    route_seed: u64,
 }
 
 impl TableSchema {
@@ -164,6 +166,7 @@ impl TableSchema {
             .collect();
         fields.push(Field::new(CREATE_TS_COLUMN, DataType::Int64, false));
         Ok(Arc::new(TableSchema {
+            route_seed: crate::route::table_seed(&name),
             name,
             columns,
             primary_key: pk,
@@ -173,6 +176,11 @@ impl TableSchema {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The routing hash's state after the table's name ([`crate::route::table_seed`]).
+    pub fn route_seed(&self) -> u64 {
+        self.route_seed
     }
 
     pub fn columns(&self) -> &[ColumnDef] {

@@ -8,7 +8,7 @@ use crate::error::{Result, StorageError};
 use crate::index::{Extent, FileId};
 use crate::key::{display_key, encode_key};
 use crate::op::{RowOp, TableOpRef};
-use crate::route::shard_for_key;
+use crate::route::shard_for_table_key;
 use crate::ts::Timestamp;
 use crate::value::RowRef;
 use crate::visibility::FileVisibility;
@@ -115,7 +115,7 @@ impl Shard {
                 encode_key(schema, row, &mut plan.arena);
                 let range = start..plan.arena.len();
                 if let Some(shards) = self.owner
-                    && shard_for_key(schema.name(), &plan.arena[range.clone()], shards) != self.id
+                    && shard_for_table_key(schema, &plan.arena[range.clone()], shards) != self.id
                 {
                     return Err(StorageError::WrongShard {
                         table: schema.name().into(),
