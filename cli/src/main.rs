@@ -10,7 +10,7 @@ mod serve;
 mod sql;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -77,29 +77,93 @@ fn disable_transparent_huge_pages() {
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
 
+/// The log's levels: INFO, some chatty libraries less, and `RUST_LOG` (`debug`,
+/// `retina_node=debug,info`, ...) over those; with the reason a `RUST_LOG` given was not used.
+fn log_filter(rust_log: Option<&str>) -> (Targets, Option<String>) {
+    // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO, and routine
+    // MERGE metrics at WARN; rskafka (the Kafka source) every connection it opens at INFO.
+    let filter = Targets::new()
+        .with_default(LevelFilter::INFO)
+        .with_target("rskafka", LevelFilter::WARN)
+        .with_target("deltalake", LevelFilter::ERROR)
+        .with_target("buoyant_kernel", LevelFilter::ERROR);
+    let Some(spec) = rust_log.filter(|s| !s.trim().is_empty()) else {
+        return (filter, None);
+    };
+    match spec.parse::<Targets>() {
+        Ok(given) => {
+            let filter = match given.default_level() {
+                Some(level) => filter.with_default(level),
+                None => filter,
+            };
+            (filter.with_targets(given), None)
+        }
+        Err(e) => (
+            filter,
+            Some(format!(
+                "RUST_LOG={spec:?} is not a list of [target=]level: {e}"
+            )),
+        ),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     // SAFETY: sets a process-wide allocator option by its documented index; no other thread
     // runs yet.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
     disable_transparent_huge_pages();
-    // delta-rs (only in `bench peers` builds) logs every snapshot it loads at INFO, and routine
-    // MERGE metrics at WARN; rskafka (the Kafka source) every connection it opens at INFO.
-    let quiet = tracing_subscriber::filter::Targets::new()
-        .with_default(LevelFilter::TRACE)
-        .with_target("rskafka", LevelFilter::WARN)
-        .with_target("deltalake", LevelFilter::ERROR)
-        .with_target("buoyant_kernel", LevelFilter::ERROR);
+    let (filter, bad_log_spec) = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_max_level(LevelFilter::TRACE)
         .finish()
-        .with(quiet)
+        .with(filter)
         .init();
+    if let Some(e) = bad_log_spec {
+        tracing::warn!("{e}; logging at the default levels");
+    }
     match Cli::parse().command {
         Command::Demo(args) => demo::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Sql(args) => sql::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Cluster(args) => cluster::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+
+    #[test]
+    fn rust_log_sets_levels_over_the_defaults_and_a_bad_one_is_named() {
+        let (filter, bad) = log_filter(None);
+        assert!(bad.is_none());
+        assert!(filter.would_enable("retina_node::sink", &Level::INFO));
+        assert!(!filter.would_enable("retina_node::sink", &Level::DEBUG));
+        assert!(!filter.would_enable("rskafka::client", &Level::INFO));
+
+        let (filter, bad) = log_filter(Some("retina_node=debug"));
+        assert!(bad.is_none());
+        assert!(filter.would_enable("retina_node::query", &Level::DEBUG));
+        assert!(!filter.would_enable("retina_storage", &Level::DEBUG));
+        assert!(filter.would_enable("retina_storage", &Level::INFO));
+
+        let (filter, _) = log_filter(Some("warn,retina_node=trace"));
+        assert!(!filter.would_enable("retina_storage", &Level::INFO));
+        assert!(filter.would_enable("retina_node::shard", &Level::TRACE));
+
+        for blank in [Some(""), Some("  ")] {
+            let (filter, bad) = log_filter(blank);
+            assert!(bad.is_none());
+            assert!(filter.would_enable("retina", &Level::INFO));
+        }
+        let (filter, bad) = log_filter(Some("retina_node=loud"));
+        let bad = bad.expect("a bad RUST_LOG is named");
+        assert!(bad.contains("retina_node=loud"), "{bad}");
+        assert!(filter.would_enable("retina_node", &Level::INFO));
+        assert!(!filter.would_enable("retina_node", &Level::DEBUG));
     }
 }
