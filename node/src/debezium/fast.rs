@@ -81,17 +81,35 @@ struct Source<'a> {
 
 /// A `source` block a thread read whole, and where its names are in it (table, schema, db,
 /// connector): the read is a function of the block's bytes alone, so a block with the same
-/// bytes has its names at the same places. A thread keeps the last [`LAST_SOURCES_KEPT`]
-/// (a stream's transactions interleave a few tables).
+/// bytes has its names at the same places.
 struct LastSource {
     block: Vec<u8>,
     names: [Option<Range<usize>>; 4],
 }
 
+/// The `source` blocks a thread remembers: the last [`LAST_SOURCES_KEPT`] (a stream's
+/// transactions interleave a few tables). Where blocks do not repeat (Debezium's own carry an
+/// event's `ts_ms`, `lsn` and `txId`), looking them up and keeping them only costs: after
+/// [`MISSES_BEFORE_REST`] misses in a row the memory rests for [`REST_BLOCKS`] blocks, which
+/// are read as if it were not there.
+struct SourceMemory {
+    known: Vec<LastSource>,
+    misses: u32,
+    resting: u32,
+}
+
 const LAST_SOURCES_KEPT: usize = 8;
+const MISSES_BEFORE_REST: u32 = 32;
+const REST_BLOCKS: u32 = 4096;
 
 thread_local! {
-    static LAST_SOURCES: std::cell::RefCell<Vec<LastSource>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SOURCES: std::cell::RefCell<SourceMemory> = const {
+        std::cell::RefCell::new(SourceMemory {
+            known: Vec::new(),
+            misses: 0,
+            resting: 0,
+        })
+    };
 }
 
 /// A bare change event's payload: what the parse reads of it.
@@ -525,56 +543,91 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// `source`: most events of a stream carry the same block, byte for byte, so the names
-    /// read from the last one are found in the next by where they were (see [`LastSource`]).
+    /// `source`: the events of a stream often carry the same block, byte for byte, so the
+    /// names read from one are found in the next by where they were (see [`SourceMemory`]).
     fn source(&mut self) -> Option<Source<'a>> {
         self.peek()?;
         let start = self.i;
         let rest = &self.bytes()[start..];
-        let known = LAST_SOURCES.with_borrow(|known| {
-            let last = known.iter().find(|last| rest.starts_with(&last.block))?;
+        // The block's length and its names, if remembered; `None` to look for nothing.
+        let known = SOURCES.with_borrow_mut(|memory| {
+            if memory.resting > 0 {
+                memory.resting -= 1;
+                return None;
+            }
+            let Some(last) = memory
+                .known
+                .iter()
+                .find(|last| rest.starts_with(&last.block))
+            else {
+                return Some(None);
+            };
+            // No store on a hit that follows a hit (measured: the store alone cost about 3% of
+            // a line's parse).
+            if memory.misses != 0 {
+                memory.misses = 0;
+            }
             let name = |at: &Option<Range<usize>>| {
                 at.as_ref()
                     .map(|r| &self.text[start + r.start..start + r.end])
             };
             let [table, schema, db, connector] = &last.names;
-            Some((
-                last.block.len(),
-                Source {
-                    table: name(table),
-                    schema: name(schema),
-                    db: name(db),
-                    connector: name(connector),
-                },
-            ))
+            let source = Source {
+                table: name(table),
+                schema: name(schema),
+                db: name(db),
+                connector: name(connector),
+            };
+            Some(Some((last.block.len(), source)))
         });
-        if let Some((len, source)) = known {
-            self.i += len;
-            return Some(source);
-        }
+        let looked = match known {
+            Some(Some((len, source))) => {
+                self.i += len;
+                return Some(source);
+            }
+            Some(None) => true,
+            None => false,
+        };
         let source = self.read_source()?;
+        if looked {
+            self.remember_source(start, &source);
+        }
+        Some(source)
+    }
+
+    /// Keeps the `source` block just read from `start` (a miss), unless misses have come in a
+    /// row long enough for the memory to rest.
+    #[cold]
+    #[inline(never)]
+    fn remember_source(&self, start: usize, source: &Source<'a>) {
         let at = |name: Option<&str>| {
             name.map(|n| {
                 let from = n.as_ptr() as usize - self.text.as_ptr() as usize - start;
                 from..from + n.len()
             })
         };
-        let last = LastSource {
-            block: self.bytes()[start..self.i].to_vec(),
-            names: [
-                at(source.table),
-                at(source.schema),
-                at(source.db),
-                at(source.connector),
-            ],
-        };
-        LAST_SOURCES.with_borrow_mut(|known| {
-            if known.len() == LAST_SOURCES_KEPT {
-                known.pop();
+        SOURCES.with_borrow_mut(|memory| {
+            memory.misses += 1;
+            if memory.misses >= MISSES_BEFORE_REST {
+                memory.misses = 0;
+                memory.resting = REST_BLOCKS;
+                memory.known.clear();
+                return;
             }
-            known.insert(0, last);
+            if memory.known.len() == LAST_SOURCES_KEPT {
+                memory.known.pop();
+            }
+            let last = LastSource {
+                block: self.bytes()[start..self.i].to_vec(),
+                names: [
+                    at(source.table),
+                    at(source.schema),
+                    at(source.db),
+                    at(source.connector),
+                ],
+            };
+            memory.known.insert(0, last);
         });
-        Some(source)
     }
 
     /// `source` read member by member.

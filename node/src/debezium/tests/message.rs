@@ -770,6 +770,25 @@ fn source_blocks_read_again_agree_with_the_full_parse() {
             }
         }
     }
+    // Blocks that never repeat (Debezium's carry each event's `ts_ms` and `lsn`): after enough
+    // misses in a row the memory rests, and every line still reads as the full parse does,
+    // the blocks that repeat afterwards too.
+    let unique = (0..200).map(|k| {
+        format!(
+            r#"{{"connector":"postgresql","ts_ms":{k},"schema":"public","table":"orders","lsn":{}}}"#,
+            k * 7
+        )
+    });
+    for src in unique.chain((0..30).map(block)) {
+        let after = if src.contains("items") {
+            r#"{"a":1,"b":"z"}"#
+        } else {
+            r#"{"id":1,"qty":2}"#
+        };
+        let line = format!(r#"{{"op":"c","source":{src},"after":{after}}}"#);
+        let got = fast(&line).unwrap_or_else(|| panic!("left alone: {line}"));
+        assert_eq!(got, full(&line), "{line}");
+    }
     // The same bytes up to a name that differs, or a block left open: read anew.
     fast(r#"{"op":"c","source":{"schema":"public","table":"orders"},"after":{"id":1,"qty":2}}"#)
         .unwrap();
