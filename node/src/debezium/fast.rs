@@ -98,6 +98,16 @@ struct SourceMemory {
     resting: u32,
 }
 
+/// What the memory had for a `source` block.
+enum Recall<'a> {
+    /// Its length and names.
+    Found(usize, Source<'a>),
+    /// Nothing: the block is read, and kept.
+    Missed,
+    /// It was not looked for (the memory rests): the block is read, not kept.
+    Resting,
+}
+
 const LAST_SOURCES_KEPT: usize = 8;
 const MISSES_BEFORE_REST: u32 = 32;
 const REST_BLOCKS: u32 = 4096;
@@ -549,18 +559,17 @@ impl<'a> Scan<'a> {
         self.peek()?;
         let start = self.i;
         let rest = &self.bytes()[start..];
-        // The block's length and its names, if remembered; `None` to look for nothing.
-        let known = SOURCES.with_borrow_mut(|memory| {
+        let recalled = SOURCES.with_borrow_mut(|memory| {
             if memory.resting > 0 {
                 memory.resting -= 1;
-                return None;
+                return Recall::Resting;
             }
             let Some(last) = memory
                 .known
                 .iter()
                 .find(|last| rest.starts_with(&last.block))
             else {
-                return Some(None);
+                return Recall::Missed;
             };
             // No store on a hit that follows a hit (measured: the store alone cost about 3% of
             // a line's parse).
@@ -578,18 +587,14 @@ impl<'a> Scan<'a> {
                 db: name(db),
                 connector: name(connector),
             };
-            Some(Some((last.block.len(), source)))
+            Recall::Found(last.block.len(), source)
         });
-        let looked = match known {
-            Some(Some((len, source))) => {
-                self.i += len;
-                return Some(source);
-            }
-            Some(None) => true,
-            None => false,
-        };
+        if let Recall::Found(len, source) = recalled {
+            self.i += len;
+            return Some(source);
+        }
         let source = self.read_source()?;
-        if looked {
+        if let Recall::Missed = recalled {
             self.remember_source(start, &source);
         }
         Some(source)
