@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
+use futures::TryStreamExt;
 use retina_bench::results::record;
 
 use super::common::order_line_node;
@@ -41,24 +42,33 @@ pub(super) fn run(
     runtime.block_on(async {
         let retina = Retina::connect(addr, "")?;
         for (name, sql) in QUERIES {
-            let mut on = Vec::new();
-            let mut off = Vec::new();
+            // Per mode: the whole query, and its planning (which waits for the scan's plan,
+            // bitmaps and write buffers from the node).
+            let mut on = (Vec::new(), Vec::new());
+            let mut off = (Vec::new(), Vec::new());
             for run in 0..=runs {
                 for (mode, out) in [(Visibility::Check, &mut on), (Visibility::Ignore, &mut off)] {
                     let session = retina.begin_with(mode).await?;
                     let t = Instant::now();
-                    session.collect(sql).await?;
+                    let stream = session.sql(sql).await?;
+                    let planned = t.elapsed();
+                    stream.try_collect::<Vec<_>>().await?;
                     // The first run of each warms the caches.
                     if run > 0 {
-                        out.push(t.elapsed().as_secs_f64() * 1e3);
+                        out.0.push(t.elapsed().as_secs_f64() * 1e3);
+                        out.1.push(planned.as_secs_f64() * 1e3);
                     }
                 }
             }
-            let (on, off) = (median(&mut on), median(&mut off));
+            let (on, on_plan) = (median(&mut on.0), median(&mut on.1));
+            let (off, off_plan) = (median(&mut off.0), median(&mut off.1));
             let overhead = (on / off - 1.0) * 100.0;
             println!(
-                "{name:>9}: {on:7.1} ms with visibility, {off:7.1} ms without: {overhead:+.1}%"
+                "{name:>9}: {on:7.1} ms with visibility, {off:7.1} ms without: {overhead:+.1}% \
+                 (planning {on_plan:.2} ms against {off_plan:.2} ms)"
             );
+            let _ = record("vfor", &format!("{name}_plan_ms_check"), on_plan, "ms");
+            let _ = record("vfor", &format!("{name}_plan_ms_ignore"), off_plan, "ms");
             let _ = record("vfor", &format!("{name}_ms_check"), on, "ms");
             let _ = record("vfor", &format!("{name}_ms_ignore"), off, "ms");
             let _ = record("vfor", &format!("{name}_overhead_pct"), overhead, "%");
