@@ -6,6 +6,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use retina_storage::{ColumnDef, ColumnType, RowOp, TableOp, TableSchema, Value};
 
+use crate::workload::{DebeziumWriter, InsertOp};
+
 /// TPC-C's `order_line` with CH-benCHmark's `fresh_ts`.
 pub fn orderline_schema() -> Arc<TableSchema> {
     use ColumnType::*;
@@ -293,8 +295,9 @@ fn district(w: i64, d: i64, next_o: i64, fresh_us: i64) -> Vec<Value> {
     ]
 }
 
-/// Writes transactions as Debezium JSON lines (bare payloads with BEGIN/END metadata; decimals
-/// as strings, timestamps as microseconds), the way a PostgreSQL connector emits them.
+/// Writes transactions as Debezium JSON lines, the way a PostgreSQL connector emits them (see
+/// [`DebeziumWriter`]: columns in table order, decimals as strings, timestamps as
+/// microseconds, BEGIN/END metadata), inserts as created rows.
 pub fn write_debezium(
     out: &mut impl std::io::Write,
     schemas: &[Arc<TableSchema>],
@@ -311,78 +314,9 @@ pub fn write_debezium_from(
     txns: &[Vec<TableOp<Vec<Value>>>],
     first: usize,
 ) -> std::io::Result<()> {
-    use serde_json::{Map, Value as J, json};
-    let value = |ty: ColumnType, v: &Value| -> J {
-        match (ty, v) {
-            (_, Value::Null) => J::Null,
-            (ColumnType::Decimal { scale, .. }, Value::Decimal(d)) => {
-                let s = scale as u32;
-                let p = 10i128.pow(s);
-                let sign = if *d < 0 { "-" } else { "" };
-                json!(format!(
-                    "{sign}{}.{:0w$}",
-                    d.abs() / p,
-                    d.abs() % p,
-                    w = s as usize
-                ))
-            }
-            (_, Value::Int(i)) => json!(i),
-            (_, Value::Timestamp(t) | Value::Time(t)) => json!(t),
-            (_, Value::Date(d)) => json!(d),
-            (_, Value::Utf8(s)) => json!(s),
-            (_, Value::Boolean(b)) => json!(b),
-            (_, Value::Float(f)) => json!(f),
-            (_, Value::Decimal(d)) => json!(d.to_string()),
-        }
-    };
-    let row = |t: usize, r: &[Value]| -> J {
-        let cols = schemas[t].columns();
-        J::Object(
-            cols.iter()
-                .zip(r)
-                .map(|(c, v)| (c.name.clone(), value(c.ty, v)))
-                .collect::<Map<_, _>>(),
-        )
-    };
-    for (n, txn) in txns.iter().enumerate() {
-        let id = (first + n).to_string();
-        writeln!(
-            out,
-            "{}",
-            json!({"status": "BEGIN", "id": id, "event_count": null, "data_collections": null})
-        )?;
-        let mut per_table = vec![0u64; schemas.len()];
-        for (i, op) in txn.iter().enumerate() {
-            let t = op.table as usize;
-            per_table[t] += 1;
-            let (code, before, after) = match &op.op {
-                RowOp::Insert(r) => ("c", J::Null, row(t, r)),
-                RowOp::Delete(r) => ("d", row(t, r), J::Null),
-                RowOp::Update { before, after } => ("u", row(t, before), row(t, after)),
-                RowOp::Upsert(r) => ("r", J::Null, row(t, r)),
-                RowOp::Truncate => ("t", J::Null, J::Null),
-            };
-            writeln!(
-                out,
-                "{}",
-                json!({
-                    "before": before, "after": after, "op": code, "ts_ms": 1_767_225_600_000u64,
-                    "source": {"connector": "postgresql", "db": "ch", "schema": "public", "table": schemas[t].name()},
-                    "transaction": {"id": id, "total_order": i + 1, "data_collection_order": per_table[t]},
-                })
-            )?;
-        }
-        let collections: Vec<J> = per_table
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| **n > 0)
-            .map(|(t, n)| json!({"data_collection": format!("public.{}", schemas[t].name()), "event_count": n}))
-            .collect();
-        writeln!(
-            out,
-            "{}",
-            json!({"status": "END", "id": id, "event_count": txn.len(), "data_collections": collections})
-        )?;
+    let mut writer = DebeziumWriter::new(schemas.to_vec()).numbered_from(first as u64);
+    for txn in txns {
+        writer.write_txn(out, txn, InsertOp::Create)?;
     }
     Ok(())
 }
@@ -430,11 +364,27 @@ mod tests {
         .unwrap();
         let text = String::from_utf8(json).unwrap();
         assert!(
-            text.starts_with(
-                "{\"data_collections\":null,\"event_count\":null,\"id\":\"0\",\"status\":\"BEGIN\"}"
-            ),
+            text.starts_with(r#"{"status":"BEGIN","id":"0","#),
             "{}",
             &text[..80]
         );
+        // As Debezium writes them: each image's columns in table order.
+        let schemas = [stock_schema(), orderline_schema(), district_schema()];
+        let mut events = 0;
+        for line in text.lines().filter(|l| l.starts_with(r#"{"before":"#)) {
+            let event: serde_json::Value = serde_json::from_str(line).unwrap();
+            let table = event["source"]["table"].as_str().unwrap();
+            let schema = schemas.iter().find(|s| s.name() == table).unwrap();
+            let image =
+                &line[line.find(r#""after":"#).unwrap()..line.find(r#","source":"#).unwrap()];
+            let at: Vec<usize> = schema
+                .columns()
+                .iter()
+                .map(|c| image.find(&format!("\"{}\":", c.name)).unwrap())
+                .collect();
+            assert!(at.is_sorted(), "{line}");
+            events += 1;
+        }
+        assert!(events > 0);
     }
 }

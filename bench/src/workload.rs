@@ -330,6 +330,12 @@ impl DebeziumWriter {
         self
     }
 
+    /// Numbers the transactions from `id` instead of 1.
+    pub fn numbered_from(mut self, id: u64) -> Self {
+        self.next_id = id;
+        self
+    }
+
     /// The id the next transaction gets.
     pub fn next_id(&self) -> u64 {
         self.next_id
