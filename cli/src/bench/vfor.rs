@@ -27,6 +27,14 @@ const QUERIES: [(&str, &str); 3] = [
     ),
 ];
 
+/// One mode's runs of a query, in ms: the whole query, and its planning (until the result
+/// stream starts: it waits for the scan's plan, bitmaps and write buffers from the node).
+#[derive(Default)]
+struct Times {
+    whole: Vec<f64>,
+    planning: Vec<f64>,
+}
+
 pub(super) fn run(
     rows: usize,
     deleted_per_mille: u32,
@@ -42,10 +50,8 @@ pub(super) fn run(
     runtime.block_on(async {
         let retina = Retina::connect(addr, "")?;
         for (name, sql) in QUERIES {
-            // Per mode: the whole query, and its planning (which waits for the scan's plan,
-            // bitmaps and write buffers from the node).
-            let mut on = (Vec::new(), Vec::new());
-            let mut off = (Vec::new(), Vec::new());
+            let mut on = Times::default();
+            let mut off = Times::default();
             for run in 0..=runs {
                 for (mode, out) in [(Visibility::Check, &mut on), (Visibility::Ignore, &mut off)] {
                     let session = retina.begin_with(mode).await?;
@@ -55,13 +61,13 @@ pub(super) fn run(
                     stream.try_collect::<Vec<_>>().await?;
                     // The first run of each warms the caches.
                     if run > 0 {
-                        out.0.push(t.elapsed().as_secs_f64() * 1e3);
-                        out.1.push(planned.as_secs_f64() * 1e3);
+                        out.whole.push(t.elapsed().as_secs_f64() * 1e3);
+                        out.planning.push(planned.as_secs_f64() * 1e3);
                     }
                 }
             }
-            let (on, on_plan) = (median(&mut on.0), median(&mut on.1));
-            let (off, off_plan) = (median(&mut off.0), median(&mut off.1));
+            let (on, on_plan) = (median(&mut on.whole), median(&mut on.planning));
+            let (off, off_plan) = (median(&mut off.whole), median(&mut off.planning));
             let overhead = (on / off - 1.0) * 100.0;
             println!(
                 "{name:>9}: {on:7.1} ms with visibility, {off:7.1} ms without: {overhead:+.1}% \
