@@ -6,8 +6,8 @@
 //! a table with VFoR (visibility filter on read): the plan's Parquet files through DataFusion's
 //! own Parquet scan (projection and filter pushdown, statistics pruning, parallel partitions),
 //! with row groups created after the snapshot skipped, `_create_ts <= snapshot` applied where a
-//! row group straddles the snapshot, and each row group's deleted rows removed by a row
-//! selection built from the owner shard's bitmap; then the shards' write buffers.
+//! row group straddles the snapshot, and each row group's deleted rows masked out as the
+//! Parquet reader decodes it, by the owner shard's bitmap; then the shards' write buffers.
 //!
 //! The query ends when the last thing that can read it is dropped: the [`QuerySession`] and
 //! every stream it returned. Until then the connection renews its lease; a client that dies
@@ -23,6 +23,7 @@
 //! ```
 
 mod live;
+mod masked;
 mod output;
 mod table;
 

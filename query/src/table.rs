@@ -34,13 +34,14 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use retina_client::{
     BufferPart, ClientError, Connection, PartData, PlanFile, QueryInfo, RowGroupBitmap, ScanPlan,
-    TableInfo, file_bitmap,
+    TableInfo,
 };
 use retina_protocol::query::MAX_ROW_GROUPS_PER_CALL;
 use retina_storage::file::filter_visible_columns;
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::live::{LiveRowsExec, Liveness};
+use crate::masked::{MaskedFile, MaskedScanExec};
 use crate::{RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
@@ -122,8 +123,9 @@ struct Unit {
     access: RowGroupAccess,
     /// The row group has rows created after the snapshot.
     straddles: bool,
-    /// The row group has deleted rows, removed after decoding by their row numbers.
-    masked: bool,
+    /// The row group's deleted rows (bit i = row i), where it has some and is read whole
+    /// with them masked out as it is decoded.
+    masked: Option<Vec<u64>>,
 }
 
 #[async_trait::async_trait]
@@ -205,7 +207,8 @@ impl TableProvider for RetinaTable {
 
         let (straddling, whole): (Vec<Unit>, Vec<Unit>) =
             units.into_iter().partition(|u| check && u.straddles);
-        let (masked, plain): (Vec<Unit>, Vec<Unit>) = whole.into_iter().partition(|u| u.masked);
+        let (masked, plain): (Vec<Unit>, Vec<Unit>) =
+            whole.into_iter().partition(|u| u.masked.is_some());
         // `limit` only where every row read is returned: not before a filter on `_create_ts`
         // or on deleted rows.
         // Scans that read `_create_ts` prune by it too: row groups (and pages) whose rows were
@@ -221,7 +224,6 @@ impl TableProvider for RetinaTable {
         let scan = |units: Vec<Unit>,
                     parts: usize,
                     columns: Vec<usize>,
-                    tagged: bool,
                     limit: Option<usize>,
                     predicate: Option<Arc<dyn PhysicalExpr>>| {
             parquet_scan(
@@ -235,7 +237,6 @@ impl TableProvider for RetinaTable {
                 predicate,
                 columns,
                 limit,
-                tagged,
             )
         };
         let plain_rows: u64 = plain.iter().map(|u| u.rows).sum();
@@ -249,39 +250,20 @@ impl TableProvider for RetinaTable {
                 plain,
                 share(plain_rows),
                 projection.clone(),
-                false,
                 limit,
                 predicate.clone(),
             )?);
         }
         if !masked.is_empty() {
-            // Row groups with deleted rows: read with the file's index (a partition column)
-            // and each row's number in its file (a virtual column), keep the rows whose bit
-            // is clear, and drop the two columns again.
-            let bitmaps = Arc::new(
-                plan.files
-                    .iter()
-                    .zip(bitmaps)
-                    .map(|(f, bits)| file_bitmap(&f.row_groups, bits))
-                    .collect(),
-            );
-            let n = file_schema.fields().len();
-            let mut columns = projection.clone();
-            columns.extend([n, n + 1]);
-            let input = scan(
-                masked,
-                share(masked_rows),
-                columns,
-                true,
-                None,
+            // Row groups with deleted rows: read whole, the deleted rows masked out as each
+            // batch is decoded.
+            inputs.push(Arc::new(MaskedScanExec::new(
+                url.clone(),
+                masked_parts(&prefix, &plan.files, masked, share(masked_rows)),
+                &file_schema,
+                projection.clone(),
                 predicate.clone(),
-            )?;
-            let live = Liveness {
-                at: projection.len(),
-                created_by: None,
-                bitmaps: Some(bitmaps),
-            };
-            inputs.push(Arc::new(LiveRowsExec::try_new(input, live)?));
+            )?));
         }
         if !straddling.is_empty() {
             // Row groups with rows created after the snapshot: read `_create_ts` as well, keep
@@ -292,7 +274,6 @@ impl TableProvider for RetinaTable {
                 straddling,
                 1,
                 columns,
-                false,
                 None,
                 Some(created_predicate.clone()),
             )?;
@@ -532,7 +513,7 @@ fn units(
             }
             let straddles = rg.max_create_ts > snapshot.get();
             let mut access = RowGroupAccess::Scan;
-            let mut masked = false;
+            let mut masked = None;
             if let Some(b) = bits.next_if(|b| b.row_group as usize == g) {
                 let deleted: u64 = b.deleted.iter().map(|w| u64::from(w.count_ones())).sum();
                 if deleted >= rg.rows {
@@ -541,11 +522,10 @@ fn units(
                 if deleted > 0 && straddles {
                     access = RowGroupAccess::Selection(selection(&b.deleted, rg.rows));
                 } else if deleted > 0 {
-                    // Decoding every row and dropping the deleted ones after is much cheaper
-                    // than a row selection that skips a row here and there (measured with
-                    // `retina bench vfor`: 1% scattered deletes cost a third more as a
-                    // selection).
-                    masked = true;
+                    // Decoding every row and masking the deleted ones out is much cheaper than
+                    // a row selection that skips a row here and there (measured with `retina
+                    // bench vfor`: 1% scattered deletes cost a third more as skip/select runs).
+                    masked = Some(b.deleted.clone());
                 }
             }
             out.push(Unit {
@@ -558,6 +538,39 @@ fn units(
             });
         }
     }
+    out
+}
+
+/// Masked units in up to `parts` partitions of about as many rows each, a file's row groups
+/// together in file order (a file can be split between partitions).
+fn masked_parts(
+    prefix: &str,
+    files: &[PlanFile],
+    units: Vec<Unit>,
+    parts: usize,
+) -> Vec<Vec<MaskedFile>> {
+    let total: u64 = units.iter().map(|u| u.rows).sum();
+    let per_part = total.div_ceil(parts as u64).max(1);
+    let mut out: Vec<Vec<MaskedFile>> = vec![Vec::new()];
+    let mut rows = 0u64;
+    for u in units {
+        let part = out.last_mut().expect("never empty");
+        let file = &files[u.file];
+        let path = format!("{prefix}{}", file.path);
+        if part.last().is_none_or(|f| f.path != path) {
+            part.push(MaskedFile::new(path, file.bytes));
+        }
+        let deleted = u.masked.as_deref().unwrap_or_default();
+        part.last_mut()
+            .expect("pushed")
+            .push(u.row_group, u.rows, deleted);
+        rows += u.rows;
+        if rows >= per_part {
+            out.push(Vec::new());
+            rows = 0;
+        }
+    }
+    out.retain(|p| !p.is_empty());
     out
 }
 
@@ -611,7 +624,6 @@ fn parquet_scan(
     predicate: Option<Arc<dyn PhysicalExpr>>,
     columns: Vec<usize>,
     limit: Option<usize>,
-    tagged: bool,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let total: u64 = units.iter().map(|u| u.rows).sum();
     let per_part = total.div_ceil(parts as u64).max(1);
@@ -622,11 +634,8 @@ fn parquet_scan(
     let close = |open: &mut Option<(usize, ParquetAccessPlan)>, out: &mut Vec<PartitionedFile>| {
         if let Some((f, plan)) = open.take() {
             let file = &files[f];
-            let mut pf = PartitionedFile::new(format!("{prefix}{}", file.path), file.bytes)
+            let pf = PartitionedFile::new(format!("{prefix}{}", file.path), file.bytes)
                 .with_extension(plan);
-            if tagged {
-                pf.partition_values = vec![ScalarValue::UInt32(Some(f as u32))];
-            }
             out.push(pf);
         }
     };
@@ -661,7 +670,7 @@ fn parquet_scan(
         predicate,
         columns,
         limit,
-        tagged,
+        false,
         true,
     )
 }

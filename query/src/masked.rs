@@ -1,0 +1,412 @@
+//! [`MaskedScanExec`]: row groups of regular files with deleted rows, read by the Parquet
+//! reader with the deleted rows masked out as each batch is decoded. DataFusion's own scan
+//! cannot be told which rows of a batch to drop (its file streams take files from each other's
+//! partitions, so a batch's file is known only from a column added for it); this scan knows
+//! each file's row groups and bitmap, and adds no column.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{BooleanBufferBuilder, RecordBatchOptions};
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::parquet::{
+    CachedParquetFileReaderFactory, ParquetAccessPlan, RowGroupAccessPlanFilter,
+};
+use datafusion::datasource::physical_plan::{ParquetFileMetrics, ParquetFileReaderFactory};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelectionPolicy,
+};
+use datafusion::parquet::arrow::async_reader::AsyncFileReader;
+use datafusion::parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use datafusion::parquet::file::metadata::ParquetMetaData;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
+
+/// A file's row groups to read, and which of their rows are live.
+#[derive(Clone, Debug)]
+pub(crate) struct MaskedFile {
+    pub path: String,
+    pub bytes: u64,
+    /// In file order: each row group, and one bit per row of it (set = live).
+    pub row_groups: Vec<(usize, BooleanBuffer)>,
+}
+
+impl MaskedFile {
+    /// A file with no row group yet.
+    pub fn new(path: String, bytes: u64) -> MaskedFile {
+        MaskedFile {
+            path,
+            bytes,
+            row_groups: Vec::new(),
+        }
+    }
+
+    /// Adds row group `g` of `rows` rows, whose deleted rows are the set bits of `deleted`.
+    pub fn push(&mut self, g: usize, rows: u64, deleted: &[u64]) {
+        let rows = rows as usize;
+        let words = deleted.len().min(rows.div_ceil(64));
+        let mut bits = vec![0u64; rows.div_ceil(64)];
+        bits[..words].copy_from_slice(&deleted[..words]);
+        let deleted = BooleanBuffer::new(Buffer::from_vec(bits), 0, rows);
+        self.row_groups.push((g, !&deleted));
+    }
+
+    fn rows(&self) -> u64 {
+        self.row_groups.iter().map(|(_, l)| l.len() as u64).sum()
+    }
+}
+
+/// The live rows of some files' row groups, in the columns `columns` of the files, one
+/// partition per list of files.
+#[derive(Debug)]
+pub(crate) struct MaskedScanExec {
+    url: ObjectStoreUrl,
+    parts: Vec<Vec<MaskedFile>>,
+    /// Stored columns read, in the output's order.
+    columns: Vec<usize>,
+    /// The files' schema, and what prunes row groups by their statistics.
+    file_schema: SchemaRef,
+    pruning: Option<Arc<PruningPredicate>>,
+    /// Rows in all, deleted ones included (an estimate for the planner).
+    rows: u64,
+    cache: Arc<PlanProperties>,
+}
+
+impl MaskedScanExec {
+    pub(crate) fn new(
+        url: ObjectStoreUrl,
+        parts: Vec<Vec<MaskedFile>>,
+        file_schema: &SchemaRef,
+        columns: Vec<usize>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+    ) -> Result<MaskedScanExec> {
+        let schema = Arc::new(file_schema.project(&columns)?);
+        let rows = parts.iter().flatten().map(MaskedFile::rows).sum();
+        // A predicate that cannot prune (or cannot be read as one) prunes nothing.
+        let pruning = predicate.and_then(|p| {
+            PruningPredicateBuilder::new()
+                .with_file_schema(file_schema.clone())
+                .build(p)
+        });
+        let cache = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(parts.len()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(MaskedScanExec {
+            url,
+            parts,
+            columns,
+            file_schema: file_schema.clone(),
+            pruning,
+            rows,
+            cache,
+        })
+    }
+}
+
+impl DisplayAs for MaskedScanExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let files: usize = self.parts.iter().map(Vec::len).sum();
+        write!(
+            f,
+            "MaskedScanExec: files={files}, partitions={}, columns={:?}",
+            self.parts.len(),
+            self.columns
+        )
+    }
+}
+
+impl ExecutionPlan for MaskedScanExec {
+    fn name(&self) -> &str {
+        "MaskedScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !children.is_empty() {
+            return Err(DataFusionError::Internal(format!(
+                "MaskedScanExec has no input, given {}",
+                children.len()
+            )));
+        }
+        Ok(self)
+    }
+
+    fn partition_statistics(&self, _: Option<usize>) -> Result<Arc<Statistics>> {
+        let mut s = Statistics::new_unknown(&self.schema());
+        s.num_rows = Precision::Inexact(self.rows as usize);
+        Ok(Arc::new(s))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let runtime = context.runtime_env();
+        // Footers are kept in the runtime's metadata cache across queries, as DataFusion's own
+        // scans of regular files keep them.
+        let factory = Arc::new(CachedParquetFileReaderFactory::new(
+            runtime.object_store(&self.url)?,
+            runtime.cache_manager.get_file_metadata_cache(),
+        ));
+        let metrics = ExecutionPlanMetricsSet::new();
+        let (file_schema, pruning) = (self.file_schema.clone(), self.pruning.clone());
+        let batch_size = context.session_config().batch_size();
+        let schema = self.schema();
+        let columns = self.columns.clone();
+        let files = self.parts.get(partition).cloned().unwrap_or_default();
+        let out = schema.clone();
+        let stream = futures::stream::iter(files)
+            .then(move |file| {
+                let (columns, out) = (columns.clone(), out.clone());
+                let (file_schema, pruning) = (file_schema.clone(), pruning.clone());
+                let pf = PartitionedFile::new(file.path.clone(), file.bytes);
+                let reader = factory.create_reader(partition, pf, None, &metrics);
+                let file_metrics = ParquetFileMetrics::new(partition, &file.path, &metrics);
+                async move {
+                    let mut reader = reader?;
+                    let options = ArrowReaderOptions::new();
+                    let metadata = reader.get_metadata(Some(&options)).await?;
+                    let metadata = ArrowReaderMetadata::try_new(metadata, options)?;
+                    let md = metadata.metadata();
+                    // Row groups their statistics rule out are not read, as in DataFusion's
+                    // own scan; their bits go with them.
+                    let mut row_groups = file.row_groups;
+                    if let Some(pruning) = &pruning {
+                        let mut plan = ParquetAccessPlan::new_none(md.num_row_groups());
+                        for (g, _) in &row_groups {
+                            plan.scan(*g);
+                        }
+                        let mut filter = RowGroupAccessPlanFilter::new(plan);
+                        filter.prune_by_statistics(
+                            &file_schema,
+                            md.file_metadata().schema_descr(),
+                            md.row_groups(),
+                            pruning,
+                            &file_metrics,
+                        );
+                        let kept: Vec<usize> = filter.row_group_indexes().collect();
+                        row_groups.retain(|(g, _)| kept.binary_search(g).is_ok());
+                    }
+                    let rows: usize = row_groups.iter().map(|(_, l)| l.len()).sum();
+                    let mut live = BooleanBufferBuilder::new(rows);
+                    for (_, l) in &row_groups {
+                        live.append_buffer(l);
+                    }
+                    let live = live.finish();
+                    let row_groups: Vec<usize> = row_groups.into_iter().map(|(g, _)| g).collect();
+                    // The reader gives the columns in file order; a scan that reads none (a
+                    // row count) reads the first and drops it.
+                    let mut read = columns.clone();
+                    read.sort_unstable();
+                    read.dedup();
+                    if read.is_empty() {
+                        read.push(0);
+                    }
+                    let order: Vec<usize> = columns
+                        .iter()
+                        .map(|c| read.binary_search(c).expect("every column is read"))
+                        .collect();
+                    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                        Reader(reader),
+                        metadata,
+                    );
+                    let mask = ProjectionMask::roots(builder.parquet_schema(), read);
+                    let stream = builder
+                        .with_projection(mask)
+                        .with_row_groups(row_groups)
+                        .with_row_selection(RowSelection::from_boolean_buffer(live))
+                        .with_row_selection_policy(RowSelectionPolicy::Mask)
+                        .with_batch_size(batch_size)
+                        .build()?;
+                    Ok::<_, DataFusionError>(stream.map(move |batch| {
+                        let batch = batch?;
+                        let columns = order.iter().map(|&i| batch.column(i).clone()).collect();
+                        let options =
+                            RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                        Ok(RecordBatch::try_new_with_options(
+                            out.clone(),
+                            columns,
+                            &options,
+                        )?)
+                    }))
+                }
+            })
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// DataFusion's reader of a file (its footers cached), as the Parquet crate's stream takes it:
+/// the crate reads through a boxed reader only without `Send`.
+struct Reader(Box<dyn AsyncFileReader + Send>);
+
+impl AsyncFileReader for Reader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Bytes>> {
+        self.0.get_bytes(range)
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Vec<Bytes>>> {
+        self.0.get_byte_ranges(ranges)
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, datafusion::parquet::errors::Result<Arc<ParquetMetaData>>> {
+        self.0.get_metadata(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::common::ScalarValue;
+    use datafusion::execution::TaskContext;
+    use datafusion::logical_expr::Operator;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::WriterProperties;
+    use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+
+    /// Runs a scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
+    /// `columns`, every other partition's files empty, and returns `v` of every row (or the
+    /// row count for no column).
+    fn scan(
+        file: MaskedFile,
+        columns: Vec<usize>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+    ) -> Vec<i64> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        let exec = MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![file], Vec::new()],
+            &schema,
+            columns.clone(),
+            predicate,
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for p in 0..2 {
+            let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
+            let batches: Vec<RecordBatch> = runtime.block_on(stream.try_collect()).unwrap();
+            for b in batches {
+                assert_eq!(b.num_columns(), columns.len());
+                match columns.iter().position(|&c| c == 0) {
+                    Some(i) => out.extend(b.column(i).as_primitive::<Int64Type>().values()),
+                    None => out.push(b.num_rows() as i64),
+                }
+                if let Some(i) = columns.iter().position(|&c| c == 1) {
+                    let w = b.column(i).as_primitive::<Int64Type>().values();
+                    let v: Vec<i64> = out[out.len() - w.len()..].to_vec();
+                    assert_eq!(w.iter().map(|x| -x).collect::<Vec<_>>(), v);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_file_s_live_rows_in_its_row_groups_and_columns_pruned_by_statistics() {
+        let dir = std::env::temp_dir().join(format!("retina-masked-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            schema.clone(),
+            Some(props),
+        )
+        .unwrap();
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..300)),
+                Arc::new(Int64Array::from_iter_values((0..300).map(|v| -v))),
+            ],
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let bytes = std::fs::metadata(&path).unwrap().len();
+        // Row groups 0 and 2 (1 is not read): rows 3 and 64 of the first deleted, and 99 of
+        // the last.
+        let mut file = MaskedFile::new(path.to_str().unwrap()[1..].to_owned(), bytes);
+        file.push(0, 100, &[1 << 3, 1]);
+        file.push(2, 100, &[0, 1 << 35]);
+        let expected = |from: i64| -> Vec<i64> {
+            (from..100)
+                .chain(200..300)
+                .filter(|v| ![3, 64, 299].contains(v))
+                .collect()
+        };
+        assert_eq!(scan(file.clone(), vec![0], None), expected(0));
+        assert_eq!(scan(file.clone(), vec![1, 0], None), expected(0));
+        // No column: the rows' count.
+        assert_eq!(scan(file.clone(), vec![], None).iter().sum::<i64>(), 197);
+        // `v >= 150` rules out row group 0 by its statistics; the rest is the filter's job.
+        let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
+        ));
+        assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
