@@ -182,95 +182,153 @@ impl ExecutionPlan for MaskedScanExec {
         let runtime = context.runtime_env();
         // Footers are kept in the runtime's metadata cache across queries, as DataFusion's own
         // scans of regular files keep them.
-        let factory = Arc::new(CachedParquetFileReaderFactory::new(
+        let factory = CachedParquetFileReaderFactory::new(
             runtime.object_store(&self.url)?,
             runtime.cache_manager.get_file_metadata_cache(),
-        ));
+        );
         let metrics = ExecutionPlanMetricsSet::new();
-        let (file_schema, pruning) = (self.file_schema.clone(), self.pruning.clone());
-        let batch_size = context.session_config().batch_size();
-        let schema = self.schema();
-        let columns = self.columns.clone();
+        let scan = Arc::new(FileScan::new(
+            &self.columns,
+            self.schema(),
+            self.file_schema.clone(),
+            self.pruning.clone(),
+            context.session_config().batch_size(),
+        ));
         let files = self.parts.get(partition).cloned().unwrap_or_default();
-        let out = schema.clone();
         let stream = futures::stream::iter(files)
             .then(move |file| {
-                let (columns, out) = (columns.clone(), out.clone());
-                let (file_schema, pruning) = (file_schema.clone(), pruning.clone());
                 let pf = PartitionedFile::new(file.path.clone(), file.bytes);
                 let reader = factory.create_reader(partition, pf, None, &metrics);
                 let file_metrics = ParquetFileMetrics::new(partition, &file.path, &metrics);
-                async move {
-                    let mut reader = reader?;
-                    let options = ArrowReaderOptions::new();
-                    let metadata = reader.get_metadata(Some(&options)).await?;
-                    let metadata = ArrowReaderMetadata::try_new(metadata, options)?;
-                    let md = metadata.metadata();
-                    // Row groups their statistics rule out are not read, as in DataFusion's
-                    // own scan; their bits go with them.
-                    let mut row_groups = file.row_groups;
-                    if let Some(pruning) = &pruning {
-                        let mut plan = ParquetAccessPlan::new_none(md.num_row_groups());
-                        for (g, _) in &row_groups {
-                            plan.scan(*g);
-                        }
-                        let mut filter = RowGroupAccessPlanFilter::new(plan);
-                        filter.prune_by_statistics(
-                            &file_schema,
-                            md.file_metadata().schema_descr(),
-                            md.row_groups(),
-                            pruning,
-                            &file_metrics,
-                        );
-                        let kept: Vec<usize> = filter.row_group_indexes().collect();
-                        row_groups.retain(|(g, _)| kept.binary_search(g).is_ok());
-                    }
-                    let rows: usize = row_groups.iter().map(|(_, l)| l.len()).sum();
-                    let mut live = BooleanBufferBuilder::new(rows);
-                    for (_, l) in &row_groups {
-                        live.append_buffer(l);
-                    }
-                    let live = live.finish();
-                    let row_groups: Vec<usize> = row_groups.into_iter().map(|(g, _)| g).collect();
-                    // The reader gives the columns in file order; a scan that reads none (a
-                    // row count) reads the first and drops it.
-                    let mut read = columns.clone();
-                    read.sort_unstable();
-                    read.dedup();
-                    if read.is_empty() {
-                        read.push(0);
-                    }
-                    let order: Vec<usize> = columns
-                        .iter()
-                        .map(|c| read.binary_search(c).expect("every column is read"))
-                        .collect();
-                    let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        Reader(reader),
-                        metadata,
-                    );
-                    let mask = ProjectionMask::roots(builder.parquet_schema(), read);
-                    let stream = builder
-                        .with_projection(mask)
-                        .with_row_groups(row_groups)
-                        .with_row_selection(RowSelection::from_boolean_buffer(live))
-                        .with_row_selection_policy(RowSelectionPolicy::Mask)
-                        .with_batch_size(batch_size)
-                        .build()?;
-                    Ok::<_, DataFusionError>(stream.map(move |batch| {
-                        let batch = batch?;
-                        let columns = order.iter().map(|&i| batch.column(i).clone()).collect();
-                        let options =
-                            RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                        Ok(RecordBatch::try_new_with_options(
-                            out.clone(),
-                            columns,
-                            &options,
-                        )?)
-                    }))
-                }
+                scan.clone().read(file, reader, file_metrics)
             })
             .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+}
+
+/// How each file of a partition is read.
+struct FileScan {
+    /// The columns read, in file order (the reader gives them so): the scan's, or the first
+    /// for a scan that reads none (a row count), dropped again.
+    read: Vec<usize>,
+    /// Each output column's place in `read`.
+    order: Vec<usize>,
+    out: SchemaRef,
+    file_schema: SchemaRef,
+    pruning: Option<Arc<PruningPredicate>>,
+    batch_size: usize,
+}
+
+impl FileScan {
+    fn new(
+        columns: &[usize],
+        out: SchemaRef,
+        file_schema: SchemaRef,
+        pruning: Option<Arc<PruningPredicate>>,
+        batch_size: usize,
+    ) -> FileScan {
+        let mut read = columns.to_vec();
+        read.sort_unstable();
+        read.dedup();
+        if read.is_empty() {
+            read.push(0);
+        }
+        let order = columns
+            .iter()
+            .map(|c| read.binary_search(c).expect("every column is read"))
+            .collect();
+        FileScan {
+            read,
+            order,
+            out,
+            file_schema,
+            pruning,
+            batch_size,
+        }
+    }
+
+    /// `file`'s live rows, batch by batch.
+    async fn read(
+        self: Arc<Self>,
+        file: MaskedFile,
+        reader: Result<Box<dyn AsyncFileReader + Send>>,
+        metrics: ParquetFileMetrics,
+    ) -> Result<impl futures::Stream<Item = Result<RecordBatch>>> {
+        let mut reader = reader?;
+        let options = ArrowReaderOptions::new();
+        let metadata = reader.get_metadata(Some(&options)).await?;
+        let metadata = ArrowReaderMetadata::try_new(metadata, options)?;
+        let (row_groups, live) = self.live_row_groups(&file, metadata.metadata(), &metrics)?;
+        let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(Reader(reader), metadata);
+        let mask = ProjectionMask::roots(builder.parquet_schema(), self.read.iter().copied());
+        let stream = builder
+            .with_projection(mask)
+            .with_row_groups(row_groups)
+            .with_row_selection(RowSelection::from_boolean_buffer(live))
+            .with_row_selection_policy(RowSelectionPolicy::Mask)
+            .with_batch_size(self.batch_size)
+            .build()?;
+        Ok(stream.map(move |batch| {
+            let batch = batch?;
+            let columns = self
+                .order
+                .iter()
+                .map(|&i| batch.column(i).clone())
+                .collect();
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            Ok(RecordBatch::try_new_with_options(
+                self.out.clone(),
+                columns,
+                &options,
+            )?)
+        }))
+    }
+
+    /// The row groups of `file` to read, those its statistics rule out left out as in
+    /// DataFusion's own scan, and their live rows' bits in order.
+    fn live_row_groups(
+        &self,
+        file: &MaskedFile,
+        md: &ParquetMetaData,
+        metrics: &ParquetFileMetrics,
+    ) -> Result<(Vec<usize>, BooleanBuffer)> {
+        let mut kept: Option<Vec<usize>> = None;
+        if let Some(pruning) = &self.pruning {
+            let mut plan = ParquetAccessPlan::new_none(md.num_row_groups());
+            for (g, _) in &file.row_groups {
+                plan.scan(*g);
+            }
+            let mut filter = RowGroupAccessPlanFilter::new(plan);
+            filter.prune_by_statistics(
+                &self.file_schema,
+                md.file_metadata().schema_descr(),
+                md.row_groups(),
+                pruning,
+                metrics,
+            );
+            kept = Some(filter.row_group_indexes().collect());
+        }
+        let mut groups = Vec::new();
+        let mut live = BooleanBufferBuilder::new(0);
+        for (g, bits) in &file.row_groups {
+            let rows = md.row_groups().get(*g).map(|r| r.num_rows());
+            if rows != Some(bits.len() as i64) {
+                return Err(DataFusionError::Execution(format!(
+                    "row group {g} of {}: the plan says {} rows, the file {rows:?}",
+                    file.path,
+                    bits.len()
+                )));
+            }
+            if kept.as_ref().is_none_or(|k| k.binary_search(g).is_ok()) {
+                groups.push(*g);
+                live.append_buffer(bits);
+            }
+        }
+        Ok((groups, live.finish()))
     }
 }
 
@@ -356,9 +414,10 @@ mod tests {
         out
     }
 
-    #[test]
-    fn a_file_s_live_rows_in_its_row_groups_and_columns_pruned_by_statistics() {
-        let dir = std::env::temp_dir().join(format!("retina-masked-{}", std::process::id()));
+    /// A Parquet file of three row groups of 100 rows (`v` = row number, `w` = -v) in a
+    /// folder of its own: the folder, and the file as a scan names it.
+    fn three_row_groups(name: &str) -> (std::path::PathBuf, MaskedFile) {
+        let dir = std::env::temp_dir().join(format!("retina-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f.parquet");
         let schema = Arc::new(Schema::new(vec![
@@ -385,9 +444,15 @@ mod tests {
         w.write(&batch).unwrap();
         w.close().unwrap();
         let bytes = std::fs::metadata(&path).unwrap().len();
+        let file = MaskedFile::new(path.to_str().unwrap()[1..].to_owned(), bytes);
+        (dir, file)
+    }
+
+    #[test]
+    fn a_file_s_live_rows_in_its_row_groups_and_columns_pruned_by_statistics() {
+        let (dir, mut file) = three_row_groups("masked");
         // Row groups 0 and 2 (1 is not read): rows 3 and 64 of the first deleted, and 99 of
         // the last.
-        let mut file = MaskedFile::new(path.to_str().unwrap()[1..].to_owned(), bytes);
         file.push(0, 100, &[1 << 3, 1]);
         file.push(2, 100, &[0, 1 << 35]);
         let expected = |from: i64| -> Vec<i64> {
@@ -407,6 +472,31 @@ mod tests {
             Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
         ));
         assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_row_group_whose_rows_differ_from_the_plan_is_an_error_naming_it() {
+        let (dir, mut file) = three_row_groups("masked-rows");
+        file.push(1, 50, &[]);
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let exec = MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![file]],
+            &schema,
+            vec![0],
+            None,
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let e = runtime
+            .block_on(stream.try_collect::<Vec<_>>())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row group 1 of") && e.contains("50 rows"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
