@@ -347,7 +347,8 @@ impl TableProvider for RetinaTable {
             }
             let rows: u64 = objects.iter().map(|o| o.rows).sum();
             let created = check && !settled;
-            // Deleted rows are dropped by their number in the object, as in masked row groups.
+            // Deleted rows are dropped by their number in the object (DataFusion's scan takes
+            // objects across partitions, so each row carries its object too).
             let tagged = check && objects.iter().any(|o| o.deleted.iter().any(|&w| w != 0));
             // Footers are kept across queries where every object is identified (a block
             // flushed before the node restarted is not).
@@ -753,9 +754,9 @@ fn created_by(snapshot: Timestamp, at: usize) -> Arc<dyn PhysicalExpr> {
     ))
 }
 
-/// The partition column a masked scan tags rows with: the file's index in the plan.
+/// The partition column a tagged scan of buffer objects marks rows with: the object's index.
 const FILE_COLUMN: &str = "_retina_file";
-/// The virtual column a masked scan numbers rows with, within their file.
+/// The virtual column a tagged scan numbers rows with, within their object.
 const ROW_COLUMN: &str = "_retina_row";
 
 /// The filters as one physical predicate over the stored schema, for pruning.
