@@ -32,7 +32,9 @@ use datafusion::parquet::file::metadata::ParquetMetaData;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::future::BoxFuture;
@@ -86,6 +88,9 @@ pub(crate) struct MaskedScanExec {
     /// Rows in all, deleted ones included (an estimate for the planner).
     rows: u64,
     cache: Arc<PlanProperties>,
+    /// What `EXPLAIN ANALYZE` shows: the rows given and masked out, the time spent reading
+    /// and decoding, and the Parquet reader's own (bytes read, row groups pruned, by file).
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl MaskedScanExec {
@@ -118,6 +123,7 @@ impl MaskedScanExec {
             pruning,
             rows,
             cache,
+            metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 }
@@ -168,6 +174,10 @@ impl ExecutionPlan for MaskedScanExec {
         Ok(self)
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn partition_statistics(&self, _: Option<usize>) -> Result<Arc<Statistics>> {
         let mut s = Statistics::new_unknown(&self.schema());
         s.num_rows = Precision::Inexact(self.rows as usize);
@@ -186,7 +196,9 @@ impl ExecutionPlan for MaskedScanExec {
             runtime.object_store(&self.url)?,
             runtime.cache_manager.get_file_metadata_cache(),
         );
-        let metrics = ExecutionPlanMetricsSet::new();
+        let metrics = self.metrics.clone();
+        let baseline = BaselineMetrics::new(&metrics, partition);
+        let masked = MetricBuilder::new(&metrics).counter("rows_masked", partition);
         let scan = Arc::new(FileScan::new(
             &self.columns,
             self.schema(),
@@ -195,17 +207,25 @@ impl ExecutionPlan for MaskedScanExec {
             context.session_config().batch_size(),
         ));
         let files = self.parts.get(partition).cloned().unwrap_or_default();
-        let stream = futures::stream::iter(files)
+        let mut stream = futures::stream::iter(files)
             .then(move |file| {
                 let pf = PartitionedFile::new(file.path.clone(), file.bytes);
                 let reader = factory.create_reader(partition, pf, None, &metrics);
                 let file_metrics = ParquetFileMetrics::new(partition, &file.path, &metrics);
-                scan.clone().read(file, reader, file_metrics)
+                scan.clone()
+                    .read(file, reader, file_metrics, masked.clone())
             })
-            .try_flatten();
+            .try_flatten()
+            .boxed();
+        // The time spent in the stream: reading (where the store answers at once) and
+        // decoding.
+        let timed = futures::stream::poll_fn(move |cx| {
+            let _compute = baseline.elapsed_compute().timer();
+            baseline.record_poll(stream.poll_next_unpin(cx))
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
-            stream,
+            timed,
         )))
     }
 }
@@ -257,12 +277,14 @@ impl FileScan {
         file: MaskedFile,
         reader: Result<Box<dyn AsyncFileReader + Send>>,
         metrics: ParquetFileMetrics,
+        masked: Count,
     ) -> Result<impl futures::Stream<Item = Result<RecordBatch>>> {
         let mut reader = reader?;
         let options = ArrowReaderOptions::new();
         let metadata = reader.get_metadata(Some(&options)).await?;
         let metadata = ArrowReaderMetadata::try_new(metadata, options)?;
         let (row_groups, live) = self.live_row_groups(&file, metadata.metadata(), &metrics)?;
+        masked.add(live.len() - live.count_set_bits());
         let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(Reader(reader), metadata);
         let mask = ProjectionMask::roots(builder.parquet_schema(), self.read.iter().copied());
         let stream = builder
@@ -472,6 +494,55 @@ mod tests {
             Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
         ));
         assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn its_metrics_count_the_rows_given_and_masked_and_the_row_groups_pruned() {
+        use datafusion::physical_plan::metrics::MetricValue;
+        let (dir, mut file) = three_row_groups("masked-metrics");
+        file.push(0, 100, &[1 << 3, 1]);
+        file.push(2, 100, &[0, 1 << 35]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        // `v >= 150` rules out row group 0: its two deleted rows are never read.
+        let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
+        ));
+        let exec = MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![file], Vec::new()],
+            &schema,
+            vec![0],
+            Some(predicate),
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for p in 0..2 {
+            let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
+            runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+        }
+        let m = exec.metrics().unwrap();
+        assert_eq!(m.output_rows(), Some(99));
+        let count = |name: &str| m.sum_by_name(name).map(|v| v.as_usize());
+        assert_eq!(count("rows_masked"), Some(1));
+        assert!(count("bytes_scanned").unwrap() > 0);
+        match m.sum_by_name("row_groups_pruned_statistics") {
+            Some(MetricValue::PruningMetrics {
+                pruning_metrics, ..
+            }) => {
+                assert_eq!(pruning_metrics.pruned(), 1);
+                assert_eq!(pruning_metrics.matched(), 1);
+            }
+            other => panic!("row groups pruned: {other:?}"),
+        }
+        assert!(m.elapsed_compute().is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
