@@ -19,6 +19,9 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
@@ -49,6 +52,8 @@ pub(crate) struct LiveRowsExec {
     input: Arc<dyn ExecutionPlan>,
     live: Liveness,
     cache: Arc<PlanProperties>,
+    /// What `EXPLAIN ANALYZE` shows: the rows given and dropped, and the time spent dropping.
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl LiveRowsExec {
@@ -72,7 +77,12 @@ impl LiveRowsExec {
             props.emission_type,
             props.boundedness,
         ));
-        Ok(LiveRowsExec { input, live, cache })
+        Ok(LiveRowsExec {
+            input,
+            live,
+            cache,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
     }
 }
 
@@ -116,6 +126,10 @@ impl ExecutionPlan for LiveRowsExec {
 
     /// The input's, less the deleted rows (an estimate: the input's count, inexact) and the
     /// two tag columns.
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
     fn statistics_from_inputs(
         &self,
         input: &[Arc<Statistics>],
@@ -159,7 +173,18 @@ impl ExecutionPlan for LiveRowsExec {
         let kept: Vec<usize> = (0..live.at).collect();
         let input = self.input.execute(partition, context)?;
         let schema = self.cache.eq_properties.schema().clone();
-        let live = input.map(move |batch| live_batch(&batch?, &live, &kept));
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let dropped = MetricBuilder::new(&self.metrics).counter("rows_masked", partition);
+        let live = input.map(move |batch| {
+            let batch = batch?;
+            let out = {
+                let _compute = baseline.elapsed_compute().timer();
+                live_batch(&batch, &live, &kept)?
+            };
+            dropped.add(batch.num_rows() - out.num_rows());
+            baseline.record_output(out.num_rows());
+            Ok(out)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, live)))
     }
 }
@@ -315,6 +340,43 @@ mod tests {
         // No deleted row: the batch as it is.
         let out = live_batch(&batch(vec![6, 7, 8]), &live, &[0]).unwrap();
         assert_eq!(out.num_rows(), 3);
+    }
+
+    #[test]
+    fn its_metrics_count_the_rows_given_and_dropped() {
+        use datafusion::arrow::array::{Int32Array, Int64Array, UInt32Array};
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use futures::TryStreamExt;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int32, false),
+            Field::new("_file", DataType::UInt32, false),
+            Field::new("_row", DataType::Int64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int32Array::from_iter_values(0..8)),
+                Arc::new(UInt32Array::from(vec![0; 8])),
+                Arc::new(Int64Array::from_iter_values(0..8)),
+            ],
+        )
+        .unwrap();
+        let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
+        let live = Liveness {
+            at: 1,
+            created_by: None,
+            bitmaps: Some(Arc::new(vec![vec![1 << 1 | 1 << 6]])),
+        };
+        let exec = LiveRowsExec::try_new(input, live).unwrap();
+        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+        let m = exec.metrics().unwrap();
+        assert_eq!(m.output_rows(), Some(6));
+        assert_eq!(m.sum_by_name("rows_masked").map(|v| v.as_usize()), Some(2));
     }
 
     #[test]
