@@ -263,17 +263,22 @@ fn bitmap_bytes(bitmap: &[u64]) -> Vec<u8> {
     bitmap.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
-/// Bits `start..start + len` of `bitmap` as a bitmap of their own.
+/// Bits `start..start + len` of `bitmap` as a bitmap of their own (bits past the end of
+/// `bitmap` are clear), a word at a time.
 fn bits(bitmap: &[u64], start: u64, len: u64) -> Vec<u64> {
-    let mut out = vec![0u64; len.div_ceil(64) as usize];
-    for i in 0..len {
-        let at = start + i;
-        let set = bitmap
-            .get((at / 64) as usize)
-            .is_some_and(|w| w >> (at % 64) & 1 == 1);
-        if set {
-            out[(i / 64) as usize] |= 1 << (i % 64);
-        }
+    let (first, shift) = ((start / 64) as usize, (start % 64) as u32);
+    let word = |i: usize| bitmap.get(i).copied().unwrap_or(0);
+    let mut out: Vec<u64> = (0..len.div_ceil(64) as usize)
+        .map(|k| {
+            let high = match shift {
+                0 => 0,
+                s => word(first + k + 1) << (64 - s),
+            };
+            word(first + k) >> shift | high
+        })
+        .collect();
+    if let (Some(last), tail @ 1..) = (out.last_mut(), len % 64) {
+        *last &= (1 << tail) - 1;
     }
     out
 }
@@ -754,5 +759,25 @@ mod tests {
         assert_eq!(bits(&bitmap, 1, 3), vec![0b101]);
         assert_eq!(bits(&bitmap, 63, 2), vec![0b11]);
         assert_eq!(bits(&bitmap, 64, 70), vec![1, 0]);
+        // Against bit-by-bit, at every offset and length over 3 words (and past their end).
+        let bitmap = [
+            0x9e37_79b9_7f4a_7c15u64,
+            0xbf58_476d_1ce4_e5b9,
+            0x94d0_49bb_1331_11eb,
+        ];
+        let bit = |i: u64| {
+            bitmap
+                .get((i / 64) as usize)
+                .is_some_and(|w| w >> (i % 64) & 1 == 1)
+        };
+        for start in 0..200 {
+            for len in 0..200u64 {
+                let mut want = vec![0u64; len.div_ceil(64) as usize];
+                for i in (0..len).filter(|&i| bit(start + i)) {
+                    want[(i / 64) as usize] |= 1 << (i % 64);
+                }
+                assert_eq!(bits(&bitmap, start, len), want, "{start} {len}");
+            }
+        }
     }
 }
