@@ -304,8 +304,9 @@ mod tests {
         check(&[0, 1, 1, 2], &[0, 66, 67, 4]);
     }
 
-    #[test]
-    fn a_batch_keeps_its_live_rows_without_the_tags() {
+    /// Rows `rows` of file `file`, as a tagged scan gives them: a value column `v` (each row's
+    /// number), then the tags.
+    fn tagged_batch(file: u32, rows: Vec<i64>) -> RecordBatch {
         use datafusion::arrow::array::{Int32Array, Int64Array, UInt32Array};
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         let schema = Arc::new(Schema::new(vec![
@@ -313,17 +314,20 @@ mod tests {
             Field::new("_file", DataType::UInt32, false),
             Field::new("_row", DataType::Int64, false),
         ]));
-        let batch = |rows: Vec<i64>| {
-            RecordBatch::try_new(
-                schema.clone(),
-                vec![
-                    Arc::new(Int32Array::from_iter_values(rows.iter().map(|&r| r as i32))),
-                    Arc::new(UInt32Array::from(vec![1; rows.len()])),
-                    Arc::new(Int64Array::from(rows)),
-                ],
-            )
-            .unwrap()
-        };
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from_iter_values(rows.iter().map(|&r| r as i32))),
+                Arc::new(UInt32Array::from(vec![file; rows.len()])),
+                Arc::new(Int64Array::from(rows)),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_batch_keeps_its_live_rows_without_the_tags() {
+        let batch = |rows: Vec<i64>| tagged_batch(1, rows);
         let live = Liveness {
             at: 1,
             created_by: None,
@@ -344,24 +348,10 @@ mod tests {
 
     #[test]
     fn its_metrics_count_the_rows_given_and_dropped() {
-        use datafusion::arrow::array::{Int32Array, Int64Array, UInt32Array};
-        use datafusion::arrow::datatypes::{DataType, Field, Schema};
         use datafusion::datasource::memory::MemorySourceConfig;
         use futures::TryStreamExt;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("v", DataType::Int32, false),
-            Field::new("_file", DataType::UInt32, false),
-            Field::new("_row", DataType::Int64, false),
-        ]));
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(Int32Array::from_iter_values(0..8)),
-                Arc::new(UInt32Array::from(vec![0; 8])),
-                Arc::new(Int64Array::from_iter_values(0..8)),
-            ],
-        )
-        .unwrap();
+        let batch = tagged_batch(0, (0..8).collect());
+        let schema = batch.schema();
         let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
         let live = Liveness {
             at: 1,
