@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
+use futures::TryStreamExt;
 use retina_bench::workload::Txn;
 use retina_node::catalog::Catalog;
 use retina_node::node::Node;
@@ -14,7 +15,7 @@ use super::target::{Reader, Target, dir_bytes, first_row_ints};
 use crate::measure::local_node;
 
 /// Retina: an embedded node; the queries go through the Cap'n Proto query path and the
-/// DataFusion connector, as `retina sql` does.
+/// DataFusion connector (`Retina::sql`).
 pub(super) struct RetinaTarget {
     data_dir: std::path::PathBuf,
     node: Option<Node>,
@@ -101,10 +102,13 @@ struct RetinaReader {
 }
 
 impl RetinaReader {
+    /// One statement in a query of its own, the scan plans of the tables it names taken with
+    /// the begin (one round trip), as a client of the connector that runs single statements
+    /// would.
     fn collect(&mut self, sql: &str) -> anyhow::Result<Vec<RecordBatch>> {
         Ok(self
             .runtime
-            .block_on(async { self.retina.begin().await?.collect(sql).await })?)
+            .block_on(async { self.retina.sql(sql).await?.1.try_collect().await })?)
     }
 }
 
