@@ -124,12 +124,12 @@ impl ExecutionPlan for LiveRowsExec {
         vec![ChildStats::At(partition)]
     }
 
-    /// The input's, less the deleted rows (an estimate: the input's count, inexact) and the
-    /// two tag columns.
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
 
+    /// The input's, less the deleted rows (an estimate: the input's count, inexact) and the
+    /// two tag columns.
     fn statistics_from_inputs(
         &self,
         input: &[Arc<Statistics>],

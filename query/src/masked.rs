@@ -393,44 +393,60 @@ mod tests {
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
 
-    /// Runs a scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
-    /// `columns`, every other partition's files empty, and returns `v` of every row (or the
-    /// row count for no column).
+    /// A scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
+    /// `columns`, over two partitions, the second's files empty.
+    fn two_partition_scan(
+        file: MaskedFile,
+        columns: Vec<usize>,
+        predicate: Option<Arc<dyn PhysicalExpr>>,
+    ) -> MaskedScanExec {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]));
+        MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![file], Vec::new()],
+            &schema,
+            columns,
+            predicate,
+        )
+        .unwrap()
+    }
+
+    /// Every partition of `exec`, run to the end: their batches in partition order.
+    fn run_all(exec: &MaskedScanExec) -> Vec<RecordBatch> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let partitions = exec.properties().partitioning.partition_count();
+        (0..partitions)
+            .flat_map(|p| {
+                let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
+                runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap()
+            })
+            .collect()
+    }
+
+    /// Runs a scan of `file` in `columns` ([`two_partition_scan`]) and returns `v` of every
+    /// row (or the row count for no column).
     fn scan(
         file: MaskedFile,
         columns: Vec<usize>,
         predicate: Option<Arc<dyn PhysicalExpr>>,
     ) -> Vec<i64> {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("v", DataType::Int64, false),
-            Field::new("w", DataType::Int64, false),
-        ]));
-        let exec = MaskedScanExec::new(
-            ObjectStoreUrl::local_filesystem(),
-            vec![vec![file], Vec::new()],
-            &schema,
-            columns.clone(),
-            predicate,
-        )
-        .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
+        let exec = two_partition_scan(file, columns.clone(), predicate);
         let mut out = Vec::new();
-        for p in 0..2 {
-            let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
-            let batches: Vec<RecordBatch> = runtime.block_on(stream.try_collect()).unwrap();
-            for b in batches {
-                assert_eq!(b.num_columns(), columns.len());
-                match columns.iter().position(|&c| c == 0) {
-                    Some(i) => out.extend(b.column(i).as_primitive::<Int64Type>().values()),
-                    None => out.push(b.num_rows() as i64),
-                }
-                if let Some(i) = columns.iter().position(|&c| c == 1) {
-                    let w = b.column(i).as_primitive::<Int64Type>().values();
-                    let v: Vec<i64> = out[out.len() - w.len()..].to_vec();
-                    assert_eq!(w.iter().map(|x| -x).collect::<Vec<_>>(), v);
-                }
+        for b in run_all(&exec) {
+            assert_eq!(b.num_columns(), columns.len());
+            match columns.iter().position(|&c| c == 0) {
+                Some(i) => out.extend(b.column(i).as_primitive::<Int64Type>().values()),
+                None => out.push(b.num_rows() as i64),
+            }
+            if let Some(i) = columns.iter().position(|&c| c == 1) {
+                let w = b.column(i).as_primitive::<Int64Type>().values();
+                let v: Vec<i64> = out[out.len() - w.len()..].to_vec();
+                assert_eq!(w.iter().map(|x| -x).collect::<Vec<_>>(), v);
             }
         }
         out
@@ -503,31 +519,14 @@ mod tests {
         let (dir, mut file) = three_row_groups("masked-metrics");
         file.push(0, 100, &[1 << 3, 1]);
         file.push(2, 100, &[0, 1 << 35]);
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("v", DataType::Int64, false),
-            Field::new("w", DataType::Int64, false),
-        ]));
         // `v >= 150` rules out row group 0: its two deleted rows are never read.
         let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
             Arc::new(Column::new("v", 0)),
             Operator::GtEq,
             Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
         ));
-        let exec = MaskedScanExec::new(
-            ObjectStoreUrl::local_filesystem(),
-            vec![vec![file], Vec::new()],
-            &schema,
-            vec![0],
-            Some(predicate),
-        )
-        .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        for p in 0..2 {
-            let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
-            runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
-        }
+        let exec = two_partition_scan(file, vec![0], Some(predicate));
+        run_all(&exec);
         let m = exec.metrics().unwrap();
         assert_eq!(m.output_rows(), Some(99));
         let count = |name: &str| m.sum_by_name(name).map(|v| v.as_usize());
