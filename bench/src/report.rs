@@ -603,9 +603,12 @@ fn dataset(file: &str) -> String {
     }
 }
 
-/// The peers results (`retina bench peers`): systems and rates as measured, in order.
+/// The peers results (`retina bench peers`) of the newest run: systems and rates as measured,
+/// in order. A run records `load_rows` first; what an older run measured and the newest did
+/// not (another rate, another system) is left out, so the tables and charts compare the
+/// systems of one run side by side.
 struct Peers<'a> {
-    entries: &'a BTreeMap<String, Measurement>,
+    entries: BTreeMap<&'a str, &'a Measurement>,
     /// `retina`, `duckdb`, then Delta Lake by commit interval.
     systems: Vec<String>,
     /// Fixed rates ascending, then `max`.
@@ -614,6 +617,12 @@ struct Peers<'a> {
 
 impl<'a> Peers<'a> {
     fn of(entries: &'a BTreeMap<String, Measurement>) -> Self {
+        let since = entries.get("load_rows").map_or(0, |m| m.at);
+        let entries: BTreeMap<&str, &Measurement> = entries
+            .iter()
+            .filter(|(_, m)| m.at >= since)
+            .map(|(n, m)| (n.as_str(), m))
+            .collect();
         let mut systems = Vec::new();
         let mut rates = Vec::new();
         for name in entries.keys() {
@@ -997,5 +1006,33 @@ mod tests {
             ),
             "{md}"
         );
+    }
+
+    #[test]
+    fn peers_show_the_newest_run_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |at: u64, name: &str, v: f64| {
+            format!("{{\"at\":{at},\"name\":\"{name}\",\"value\":{v},\"unit\":\"x\"}}\n")
+        };
+        let mut text = line(1, "load_rows", 600.0);
+        for (sys, rate) in [("retina", "2000"), ("retina", "max"), ("duckdb", "max")] {
+            text += &line(2, &format!("rows_per_s_{sys}_at_{rate}"), 1.0);
+        }
+        text += &line(3, "q1_ms_duckdb", 9.0);
+        // The newest run: another rate, and no DuckDB.
+        text += &line(10, "load_rows", 700.0);
+        for rate in ["40000", "max"] {
+            text += &line(11, &format!("rows_per_s_retina_at_{rate}"), 2.0);
+        }
+        std::fs::write(dir.path().join("peers.jsonl"), text).unwrap();
+        let results = load(dir.path()).unwrap();
+        let peers = Peers::of(&results["peers"]);
+        assert_eq!(peers.systems, ["retina"]);
+        assert_eq!(peers.rates, ["40000", "max"]);
+        assert_eq!(peers.value("rows_per_s_retina_at_max"), Some(2.0));
+        assert_eq!(peers.value("q1_ms_duckdb"), None);
+        let md = markdown(&results, &charts(&results), "r");
+        assert!(md.contains("The initial load: 700 rows."), "{md}");
+        assert!(!md.contains("| retina | 2000 |"), "{md}");
     }
 }
