@@ -64,8 +64,9 @@ pub struct PeersArgs {
     /// or `tiny`. Results go to `peers.jsonl` for `tpcc`, else to `peers-<scale>.jsonl`.
     #[arg(long, default_value = "tpcc")]
     scale: String,
-    /// Runs of each query on the final state; the median is reported.
-    #[arg(long, default_value_t = 5)]
+    /// Runs of each query on the final state; the median is reported (a query takes
+    /// milliseconds here, so a few runs leave the median at the mercy of one hiccup).
+    #[arg(long, default_value_t = 15)]
     query_runs: usize,
     /// Retina's replayer shards (default: one per core).
     #[arg(long)]

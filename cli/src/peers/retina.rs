@@ -75,8 +75,9 @@ impl Target for RetinaTarget {
 
     fn reader(&self) -> anyhow::Result<Box<dyn Reader>> {
         let addr = self.node().coordinator_addr().expect("listening");
+        // One worker per core, as Delta Lake's reader has: DataFusion runs a scan's partitions
+        // in parallel only where the runtime has the threads.
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
             .enable_all()
             .build()?;
         let retina = runtime.block_on(async { retina_query::Retina::connect(addr, "") })?;
