@@ -5,6 +5,8 @@
 
 use std::process::{Command, Output};
 
+use retina_tests::stdout_of;
+
 fn peers(systems: &str, results: &std::path::Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_retina"))
         .args([
@@ -30,16 +32,6 @@ fn peers(systems: &str, results: &std::path::Path) -> Output {
         .env("RETINA_BENCH_RESULTS", results)
         .output()
         .unwrap()
-}
-
-fn stdout_of(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// The systems this build can measure.

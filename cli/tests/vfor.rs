@@ -22,12 +22,7 @@ fn a_run_without_deletes_records_apart_from_the_one_percent_runs() {
         .env("RETINA_BENCH_RESULTS", results.path())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = retina_tests::stdout_of(&out);
     assert!(stdout.contains("deleted 0"), "{stdout}");
     let text = std::fs::read_to_string(results.path().join("vfor-0permille.jsonl")).unwrap();
     for query in ["scan", "group_by", "filter"] {

@@ -62,6 +62,18 @@ pub fn ints(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<Vec<i64>> 
     rows
 }
 
+/// The stdout of a command that must have succeeded; where it failed, the test fails with its
+/// stdout and stderr.
+pub fn stdout_of(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// A two-thread tokio runtime for a test's async clients.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
