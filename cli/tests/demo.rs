@@ -20,13 +20,7 @@ fn demo(extra: &[&str]) -> String {
         .args(extra)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    retina_tests::stdout_of(&out)
 }
 
 /// The folder a line `  <word> <path>...` names.
