@@ -1,8 +1,9 @@
-//! [`MaskedScanExec`]: row groups of regular files with deleted rows, read by the Parquet
-//! reader with the deleted rows masked out as each batch is decoded. DataFusion's own scan
-//! cannot be told which rows of a batch to drop (its file streams take files from each other's
-//! partitions, so a batch's file is known only from a column added for it); this scan knows
-//! each file's row groups and bitmap, and adds no column.
+//! [`MaskedScanExec`]: row groups with deleted rows, read by the Parquet reader with the
+//! deleted rows masked out as each batch is decoded: those of regular files the plan lists,
+//! and whole write-buffer objects (segments and blocks) whose rows the snapshot all sees.
+//! DataFusion's own scan cannot be told which rows of a batch to drop (its file streams take
+//! files from each other's partitions, so a batch's file is known only from a column added
+//! for it); this scan knows each file's row groups and bitmap, and adds no column.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::{
-    CachedParquetFileReaderFactory, ParquetAccessPlan, RowGroupAccessPlanFilter,
+    CachedParquetFileReaderFactory, DefaultParquetFileReaderFactory, ParquetAccessPlan,
+    RowGroupAccessPlanFilter,
 };
 use datafusion::datasource::physical_plan::{ParquetFileMetrics, ParquetFileReaderFactory};
 use datafusion::error::{DataFusionError, Result};
@@ -40,37 +42,105 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 
-/// A file's row groups to read, and which of their rows are live.
+/// A file's rows to read, and which of them are live.
 #[derive(Clone, Debug)]
 pub(crate) struct MaskedFile {
-    pub path: String,
-    pub bytes: u64,
-    /// In file order: each row group, and one bit per row of it (set = live).
-    pub row_groups: Vec<(usize, BooleanBuffer)>,
+    /// The object as the reader opens it (its path, size and, for a write-buffer object, the
+    /// modification time that identifies it to the footer cache).
+    pub file: PartitionedFile,
+    /// Its footer may be kept in the session runtime's metadata cache across queries (the
+    /// object is never written again at its path with other contents).
+    pub cache: bool,
+    pub live: Live,
+}
+
+/// Which rows of a [`MaskedFile`] are read, and which of them are live.
+#[derive(Clone, Debug)]
+pub(crate) enum Live {
+    /// Row groups of a regular file, in file order, each with one bit per row (set = live).
+    Groups(Vec<(usize, BooleanBuffer)>),
+    /// Every row of a write-buffer object, one bit each (set = live): the plan does not list
+    /// its row groups, so the bits are split by those of its footer.
+    Whole(BooleanBuffer),
+}
+
+/// One bit per row of `rows`, set for the rows whose bit in `deleted` (bit i = row i) is clear.
+fn live_bits(rows: u64, deleted: &[u64]) -> BooleanBuffer {
+    let rows = rows as usize;
+    let words = deleted.len().min(rows.div_ceil(64));
+    let mut bits = vec![0u64; rows.div_ceil(64)];
+    bits[..words].copy_from_slice(&deleted[..words]);
+    !&BooleanBuffer::new(Buffer::from_vec(bits), 0, rows)
 }
 
 impl MaskedFile {
-    /// A file with no row group yet.
+    /// A regular file with no row group yet, its footer cached (a regular file is written
+    /// once, under its id).
     pub fn new(path: String, bytes: u64) -> MaskedFile {
         MaskedFile {
-            path,
-            bytes,
-            row_groups: Vec::new(),
+            file: PartitionedFile::new(path, bytes),
+            cache: true,
+            live: Live::Groups(Vec::new()),
+        }
+    }
+
+    /// A write-buffer object of `rows` rows read whole, whose deleted rows are the set bits
+    /// of `deleted` (bit i = row i).
+    pub fn whole(file: PartitionedFile, cache: bool, rows: u64, deleted: &[u64]) -> MaskedFile {
+        MaskedFile {
+            file,
+            cache,
+            live: Live::Whole(live_bits(rows, deleted)),
         }
     }
 
     /// Adds row group `g` of `rows` rows, whose deleted rows are the set bits of `deleted`.
     pub fn push(&mut self, g: usize, rows: u64, deleted: &[u64]) {
-        let rows = rows as usize;
-        let words = deleted.len().min(rows.div_ceil(64));
-        let mut bits = vec![0u64; rows.div_ceil(64)];
-        bits[..words].copy_from_slice(&deleted[..words]);
-        let deleted = BooleanBuffer::new(Buffer::from_vec(bits), 0, rows);
-        self.row_groups.push((g, !&deleted));
+        match &mut self.live {
+            Live::Groups(groups) => groups.push((g, live_bits(rows, deleted))),
+            Live::Whole(_) => unreachable!("an object read whole takes no row group"),
+        }
     }
 
-    fn rows(&self) -> u64 {
-        self.row_groups.iter().map(|(_, l)| l.len() as u64).sum()
+    pub fn path(&self) -> &str {
+        self.file.object_meta.location.as_ref()
+    }
+
+    pub fn rows(&self) -> u64 {
+        match &self.live {
+            Live::Groups(groups) => groups.iter().map(|(_, l)| l.len() as u64).sum(),
+            Live::Whole(live) => live.len() as u64,
+        }
+    }
+
+    /// Its row groups with their live bits: as listed, or for an object read whole, every row
+    /// group of its footer `md` with its share of the bits, which must cover the object's
+    /// rows exactly.
+    fn row_groups(&self, md: &ParquetMetaData) -> Result<Vec<(usize, BooleanBuffer)>> {
+        match &self.live {
+            Live::Groups(groups) => Ok(groups.clone()),
+            Live::Whole(live) => {
+                let rows: i64 = md.row_groups().iter().map(|g| g.num_rows()).sum();
+                if rows != live.len() as i64 {
+                    return Err(DataFusionError::Execution(format!(
+                        "{}: the node says {} rows, the object has {rows}",
+                        self.path(),
+                        live.len()
+                    )));
+                }
+                let mut at = 0;
+                Ok(md
+                    .row_groups()
+                    .iter()
+                    .enumerate()
+                    .map(|(g, r)| {
+                        let n = r.num_rows() as usize;
+                        at += n;
+                        (g, live.slice(at - n, n))
+                    })
+                    .collect())
+            }
+        }
     }
 }
 
@@ -192,10 +262,12 @@ impl ExecutionPlan for MaskedScanExec {
         let runtime = context.runtime_env();
         // Footers are kept in the runtime's metadata cache across queries, as DataFusion's own
         // scans of regular files keep them.
-        let factory = CachedParquetFileReaderFactory::new(
-            runtime.object_store(&self.url)?,
+        let store = runtime.object_store(&self.url)?;
+        let cached = CachedParquetFileReaderFactory::new(
+            store.clone(),
             runtime.cache_manager.get_file_metadata_cache(),
         );
+        let uncached = DefaultParquetFileReaderFactory::new(store);
         let metrics = self.metrics.clone();
         let baseline = BaselineMetrics::new(&metrics, partition);
         let masked = MetricBuilder::new(&metrics).counter("rows_masked", partition);
@@ -209,9 +281,12 @@ impl ExecutionPlan for MaskedScanExec {
         let files = self.parts.get(partition).cloned().unwrap_or_default();
         let mut stream = futures::stream::iter(files)
             .then(move |file| {
-                let pf = PartitionedFile::new(file.path.clone(), file.bytes);
-                let reader = factory.create_reader(partition, pf, None, &metrics);
-                let file_metrics = ParquetFileMetrics::new(partition, &file.path, &metrics);
+                let factory: &dyn ParquetFileReaderFactory = match file.cache {
+                    true => &cached,
+                    false => &uncached,
+                };
+                let reader = factory.create_reader(partition, file.file.clone(), None, &metrics);
+                let file_metrics = ParquetFileMetrics::new(partition, file.path(), &metrics);
                 scan.clone()
                     .read(file, reader, file_metrics, masked.clone())
             })
@@ -318,10 +393,11 @@ impl FileScan {
         md: &ParquetMetaData,
         metrics: &ParquetFileMetrics,
     ) -> Result<(Vec<usize>, BooleanBuffer)> {
+        let row_groups = file.row_groups(md)?;
         let mut kept: Option<Vec<usize>> = None;
         if let Some(pruning) = &self.pruning {
             let mut plan = ParquetAccessPlan::new_none(md.num_row_groups());
-            for (g, _) in &file.row_groups {
+            for (g, _) in &row_groups {
                 plan.scan(*g);
             }
             let mut filter = RowGroupAccessPlanFilter::new(plan);
@@ -336,12 +412,12 @@ impl FileScan {
         }
         let mut groups = Vec::new();
         let mut live = BooleanBufferBuilder::new(0);
-        for (g, bits) in &file.row_groups {
+        for (g, bits) in &row_groups {
             let rows = md.row_groups().get(*g).map(|r| r.num_rows());
             if rows != Some(bits.len() as i64) {
                 return Err(DataFusionError::Execution(format!(
                     "row group {g} of {}: the plan says {} rows, the file {rows:?}",
-                    file.path,
+                    file.path(),
                     bits.len()
                 )));
             }
@@ -510,6 +586,57 @@ mod tests {
             Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
         ));
         assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_object_read_whole_has_its_bits_split_by_the_row_groups_of_its_footer() {
+        let (dir, regular) = three_row_groups("masked-whole");
+        // Rows 3, 64 and 299 deleted: bits over the object's 300 rows, across its three row
+        // groups of 100, which the scan learns from the footer.
+        let mut deleted = vec![0u64; 5];
+        for r in [3, 64, 299] {
+            deleted[r / 64] |= 1 << (r % 64);
+        }
+        for cache in [false, true] {
+            let file = MaskedFile::whole(regular.file.clone(), cache, 300, &deleted);
+            let expected = |from: i64| -> Vec<i64> {
+                (from..300).filter(|v| ![3, 64, 299].contains(v)).collect()
+            };
+            assert_eq!(scan(file.clone(), vec![0], None), expected(0));
+            assert_eq!(scan(file.clone(), vec![1, 0], None), expected(0));
+            assert_eq!(scan(file.clone(), vec![], None).iter().sum::<i64>(), 297);
+            // `v >= 150` rules out row group 0 by its statistics.
+            let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+                Arc::new(Column::new("v", 0)),
+                Operator::GtEq,
+                Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
+            ));
+            assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        }
+        // Bits for fewer rows than the object has: an error naming it, no rows.
+        let short = MaskedFile::whole(regular.file.clone(), false, 250, &deleted);
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let exec = MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![short]],
+            &schema,
+            vec![0],
+            None,
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let e = runtime
+            .block_on(stream.try_collect::<Vec<_>>())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("f.parquet") && e.contains("the node says 250 rows, the object has 300"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

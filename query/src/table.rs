@@ -41,7 +41,7 @@ use retina_storage::file::filter_visible_columns;
 use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::live::{LiveRowsExec, Liveness};
-use crate::masked::{MaskedFile, MaskedScanExec};
+use crate::masked::{Live, MaskedFile, MaskedScanExec};
 use crate::{RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
@@ -337,10 +337,27 @@ impl TableProvider for RetinaTable {
                 objects[i].bytes = Some(meta.size);
             }
         }
-        // Objects whose rows the snapshot all sees are read like plain files; the others with
-        // `_create_ts`, kept at or before the snapshot.
+        // Objects whose rows the snapshot all sees are read like plain files, or where they
+        // have deleted rows, whole with those masked out as they are decoded (as regular
+        // files' row groups are); the others with `_create_ts`, kept at or before the
+        // snapshot.
         let (settled, recent): (Vec<ObjectPart>, Vec<ObjectPart>) =
             objects.into_iter().partition(|o| o.settled);
+        let (masked, settled): (Vec<ObjectPart>, Vec<ObjectPart>) = settled
+            .into_iter()
+            .partition(|o| check && o.deleted.iter().any(|&w| w != 0));
+        if !masked.is_empty() {
+            let files = masked.iter().map(|o| {
+                MaskedFile::whole(object_file(o), o.identity.is_some(), o.rows, &o.deleted)
+            });
+            inputs.push(Arc::new(MaskedScanExec::new(
+                url.clone(),
+                spread(files, partitions),
+                &file_schema,
+                projection.clone(),
+                predicate.clone(),
+            )?));
+        }
         for (objects, settled) in [(settled, true), (recent, false)] {
             if objects.is_empty() {
                 continue;
@@ -550,22 +567,34 @@ fn masked_parts(
     units: Vec<Unit>,
     parts: usize,
 ) -> Vec<Vec<MaskedFile>> {
-    let total: u64 = units.iter().map(|u| u.rows).sum();
+    let pieces = units.into_iter().map(|u| {
+        let file = &files[u.file];
+        let mut piece = MaskedFile::new(format!("{prefix}{}", file.path), file.bytes);
+        piece.push(u.row_group, u.rows, u.masked.as_deref().unwrap_or_default());
+        piece
+    });
+    spread(pieces, parts)
+}
+
+/// `pieces` in order over about `parts` partitions of about as many rows each, the row groups
+/// of one file that fall in one partition as one [`MaskedFile`].
+fn spread(pieces: impl Iterator<Item = MaskedFile>, parts: usize) -> Vec<Vec<MaskedFile>> {
+    let pieces: Vec<MaskedFile> = pieces.collect();
+    let total: u64 = pieces.iter().map(MaskedFile::rows).sum();
     let per_part = total.div_ceil(parts as u64).max(1);
     let mut out: Vec<Vec<MaskedFile>> = vec![Vec::new()];
     let mut rows = 0u64;
-    for u in units {
+    for piece in pieces {
+        rows += piece.rows();
         let part = out.last_mut().expect("never empty");
-        let file = &files[u.file];
-        let path = format!("{prefix}{}", file.path);
-        if part.last().is_none_or(|f| f.path != path) {
-            part.push(MaskedFile::new(path, file.bytes));
+        match (part.last_mut(), &piece.live) {
+            (Some(last), Live::Groups(groups)) if last.path() == piece.path() => {
+                if let Live::Groups(to) = &mut last.live {
+                    to.extend(groups.iter().cloned());
+                }
+            }
+            _ => part.push(piece),
         }
-        let deleted = u.masked.as_deref().unwrap_or_default();
-        part.last_mut()
-            .expect("pushed")
-            .push(u.row_group, u.rows, deleted);
-        rows += u.rows;
         if rows >= per_part {
             out.push(Vec::new());
             rows = 0;

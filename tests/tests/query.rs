@@ -807,6 +807,19 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
                 .unwrap(),
         );
         assert_eq!(again, expected);
+        // Every object is wholly before this snapshot and holds deleted rows: each is read
+        // whole with those rows masked out as it is decoded, no row tagged with its number.
+        let explain = datafusion::arrow::util::pretty::pretty_format_batches(
+            &now.collect("EXPLAIN SELECT n FROM bank.ledger")
+                .await
+                .unwrap(),
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            explain.contains("MaskedScanExec") && !explain.contains("LiveRowsExec"),
+            "{explain}"
+        );
         // A statement whose join matches on a column it does not name: the scans read a
         // column the begin did not ask the write buffers for, and ask again.
         use futures::TryStreamExt;
