@@ -362,13 +362,19 @@ impl FileScan {
         masked.add(live.len() - live.count_set_bits());
         let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(Reader(reader), metadata);
         let mask = ProjectionMask::roots(builder.parquet_schema(), self.read.iter().copied());
-        let stream = builder
+        // A file with no deleted row (a write-buffer object read with others that have) is
+        // read without a selection.
+        let every = live.count_set_bits() == live.len();
+        let mut builder = builder
             .with_projection(mask)
             .with_row_groups(row_groups)
-            .with_row_selection(RowSelection::from_boolean_buffer(live))
-            .with_row_selection_policy(RowSelectionPolicy::Mask)
-            .with_batch_size(self.batch_size)
-            .build()?;
+            .with_batch_size(self.batch_size);
+        if !every {
+            builder = builder
+                .with_row_selection(RowSelection::from_boolean_buffer(live))
+                .with_row_selection_policy(RowSelectionPolicy::Mask);
+        }
+        let stream = builder.build()?;
         Ok(stream.map(move |batch| {
             let batch = batch?;
             let columns = self
