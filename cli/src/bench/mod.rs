@@ -129,10 +129,10 @@ enum BenchCommand {
     /// connector, with the visibility check on and off, alternating, medians.
     Vfor {
         /// Order lines loaded (they end up in regular files of 65,536 rows).
-        #[arg(long, default_value_t = 2_097_152)]
+        #[arg(long, default_value_t = vfor::DEFAULT_ROWS)]
         rows: usize,
         /// Per mille of the rows deleted after the load, scattered.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = vfor::DEFAULT_DELETED_PER_MILLE)]
         deleted_per_mille: u32,
         /// Runs of each query in each mode.
         #[arg(long, default_value_t = 7)]

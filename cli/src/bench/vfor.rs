@@ -35,6 +35,25 @@ struct Times {
     planning: Vec<f64>,
 }
 
+/// Order lines a run loads unless told otherwise: the runs the README quotes.
+pub(super) const DEFAULT_ROWS: usize = 2_097_152;
+/// Per mille of them deleted unless told otherwise (1%, as the paper measures).
+pub(super) const DEFAULT_DELETED_PER_MILLE: u32 = 10;
+
+/// The results file a run records into: `vfor` for the runs the README quotes, and a file of
+/// its own for a run with another number of rows or share of deleted rows (so that a smaller
+/// run, or one without deletes, never stands in for them).
+fn results_name(rows: usize, deleted_per_mille: u32) -> String {
+    let mut name = "vfor".to_owned();
+    if rows != DEFAULT_ROWS {
+        name += &format!("-{rows}rows");
+    }
+    if deleted_per_mille != DEFAULT_DELETED_PER_MILLE {
+        name += &format!("-{deleted_per_mille}permille");
+    }
+    name
+}
+
 pub(super) fn run(
     rows: usize,
     deleted_per_mille: u32,
@@ -42,12 +61,7 @@ pub(super) fn run(
     shards: u16,
 ) -> anyhow::Result<()> {
     use retina_query::{Retina, Visibility};
-    // Runs with another share of deleted rows go to their own file, so that a run without
-    // deletes does not stand in for the 1% the README quotes.
-    let results = match deleted_per_mille {
-        10 => "vfor".to_owned(),
-        n => format!("vfor-{n}permille"),
-    };
+    let results = results_name(rows, deleted_per_mille);
     let (_dir, node) = order_line_node(rows, deleted_per_mille, shards)?;
     let addr = node.coordinator_addr().context("the node listens")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
