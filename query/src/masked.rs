@@ -534,6 +534,36 @@ mod tests {
         out
     }
 
+    /// `v >= min`, over a scan's first column `v`.
+    fn v_at_least(min: i64) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int64(Some(min)))),
+        ))
+    }
+
+    /// The error a scan of `file` in column `v` ends with.
+    fn scan_error(file: MaskedFile) -> String {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let exec = MaskedScanExec::new(
+            ObjectStoreUrl::local_filesystem(),
+            vec![vec![file]],
+            &schema,
+            vec![0],
+            None,
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
+        runtime
+            .block_on(stream.try_collect::<Vec<_>>())
+            .unwrap_err()
+            .to_string()
+    }
+
     /// A Parquet file of three row groups of 100 rows (`v` = row number, `w` = -v) in a
     /// folder of its own: the folder, and the file as a scan names it.
     fn three_row_groups(name: &str) -> (std::path::PathBuf, MaskedFile) {
@@ -586,11 +616,7 @@ mod tests {
         // No column: the rows' count.
         assert_eq!(scan(file.clone(), vec![], None).iter().sum::<i64>(), 197);
         // `v >= 150` rules out row group 0 by its statistics; the rest is the filter's job.
-        let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-            Arc::new(Column::new("v", 0)),
-            Operator::GtEq,
-            Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
-        ));
+        let predicate = v_at_least(150);
         assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -613,32 +639,12 @@ mod tests {
             assert_eq!(scan(file.clone(), vec![1, 0], None), expected(0));
             assert_eq!(scan(file.clone(), vec![], None).iter().sum::<i64>(), 297);
             // `v >= 150` rules out row group 0 by its statistics.
-            let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-                Arc::new(Column::new("v", 0)),
-                Operator::GtEq,
-                Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
-            ));
+            let predicate = v_at_least(150);
             assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
         }
         // Bits for fewer rows than the object has: an error naming it, no rows.
         let short = MaskedFile::whole(regular.file.clone(), false, 250, &deleted);
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-        let exec = MaskedScanExec::new(
-            ObjectStoreUrl::local_filesystem(),
-            vec![vec![short]],
-            &schema,
-            vec![0],
-            None,
-        )
-        .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        let e = runtime
-            .block_on(stream.try_collect::<Vec<_>>())
-            .unwrap_err()
-            .to_string();
+        let e = scan_error(short);
         assert!(
             e.contains("f.parquet") && e.contains("the node says 250 rows, the object has 300"),
             "{e}"
@@ -653,11 +659,7 @@ mod tests {
         file.push(0, 100, &[1 << 3, 1]);
         file.push(2, 100, &[0, 1 << 35]);
         // `v >= 150` rules out row group 0: its two deleted rows are never read.
-        let predicate: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-            Arc::new(Column::new("v", 0)),
-            Operator::GtEq,
-            Arc::new(Literal::new(ScalarValue::Int64(Some(150)))),
-        ));
+        let predicate = v_at_least(150);
         let exec = two_partition_scan(file, vec![0], Some(predicate));
         run_all(&exec);
         let m = exec.metrics().unwrap();
@@ -682,23 +684,7 @@ mod tests {
     fn a_row_group_whose_rows_differ_from_the_plan_is_an_error_naming_it() {
         let (dir, mut file) = three_row_groups("masked-rows");
         file.push(1, 50, &[]);
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
-        let exec = MaskedScanExec::new(
-            ObjectStoreUrl::local_filesystem(),
-            vec![vec![file]],
-            &schema,
-            vec![0],
-            None,
-        )
-        .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        let e = runtime
-            .block_on(stream.try_collect::<Vec<_>>())
-            .unwrap_err()
-            .to_string();
+        let e = scan_error(file);
         assert!(e.contains("row group 1 of") && e.contains("50 rows"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
