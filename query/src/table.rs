@@ -340,8 +340,8 @@ impl TableProvider for RetinaTable {
         // Objects whose rows the snapshot all sees are read like plain files, or where any of
         // them has deleted rows, all by one scan that reads each whole with those masked out
         // as they are decoded (as regular files' row groups are; one scan rather than two
-        // measured the same or better in `retina bench overhead` and `peers`); the others
-        // with `_create_ts`, kept at or before the snapshot.
+        // measured the same in `retina bench overhead`); the others with `_create_ts`, kept
+        // at or before the snapshot.
         let (settled, recent): (Vec<ObjectPart>, Vec<ObjectPart>) =
             objects.into_iter().partition(|o| o.settled);
         let any_deleted = check && settled.iter().any(|o| o.deleted.iter().any(|&w| w != 0));
@@ -591,7 +591,9 @@ fn spread(pieces: impl Iterator<Item = MaskedFile>, parts: usize) -> Vec<Vec<Mas
         rows += piece.rows();
         let part = out.last_mut().expect("never empty");
         match (part.last_mut(), &piece.live) {
-            (Some(last), Live::Groups(groups)) if last.path() == piece.path() => {
+            (Some(last), Live::Groups(groups))
+                if last.path() == piece.path() && matches!(last.live, Live::Groups(_)) =>
+            {
                 if let Live::Groups(to) = &mut last.live {
                     to.extend(groups.iter().cloned());
                 }
