@@ -359,17 +359,17 @@ impl FileScan {
         let metadata = reader.get_metadata(Some(&options)).await?;
         let metadata = ArrowReaderMetadata::try_new(metadata, options)?;
         let (row_groups, live) = self.live_row_groups(&file, metadata.metadata(), &metrics)?;
-        masked.add(live.len() - live.count_set_bits());
+        let deleted = live.len() - live.count_set_bits();
+        masked.add(deleted);
         let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(Reader(reader), metadata);
         let mask = ProjectionMask::roots(builder.parquet_schema(), self.read.iter().copied());
-        // A file with no deleted row (a write-buffer object read with others that have) is
-        // read without a selection.
-        let every = live.count_set_bits() == live.len();
         let mut builder = builder
             .with_projection(mask)
             .with_row_groups(row_groups)
             .with_batch_size(self.batch_size);
-        if !every {
+        // A file with no deleted row (a write-buffer object read with others that have) is
+        // read without a selection.
+        if deleted > 0 {
             builder = builder
                 .with_row_selection(RowSelection::from_boolean_buffer(live))
                 .with_row_selection_policy(RowSelectionPolicy::Mask);
