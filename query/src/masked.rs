@@ -4,16 +4,24 @@
 //! DataFusion's own scan cannot be told which rows of a batch to drop (its file streams take
 //! files from each other's partitions, so a batch's file is known only from a column added
 //! for it); this scan knows each file's row groups and bitmap, and adds no column.
+//!
+//! A filter right above the scan is taken into it (DataFusion's filter pushdown): each batch
+//! is then decoded whole and copied once, keeping the rows that are live and pass the filter,
+//! where the filter would copy the live rows a second time.
 
 use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::array::{BooleanBufferBuilder, RecordBatchOptions};
+use datafusion::arrow::array::{
+    Array, AsArray, BooleanArray, BooleanBufferBuilder, RecordBatchOptions,
+};
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::Statistics;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::listing::PartitionedFile;
@@ -31,9 +39,12 @@ use datafusion::parquet::arrow::arrow_reader::{
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use datafusion::parquet::file::metadata::ParquetMetaData;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr, conjunction};
 use datafusion::physical_optimizer::pruning::{PruningPredicate, PruningPredicateBuilder};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
+};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -145,8 +156,8 @@ impl MaskedFile {
 }
 
 /// The live rows of some files' row groups, in the columns `columns` of the files, one
-/// partition per list of files.
-#[derive(Debug)]
+/// partition per list of files; with a filter, those of them that pass it.
+#[derive(Clone, Debug)]
 pub(crate) struct MaskedScanExec {
     url: ObjectStoreUrl,
     parts: Vec<Vec<MaskedFile>>,
@@ -155,6 +166,9 @@ pub(crate) struct MaskedScanExec {
     /// The files' schema, and what prunes row groups by their statistics.
     file_schema: SchemaRef,
     pruning: Option<Arc<PruningPredicate>>,
+    /// The filter taken from the plan above, over the output's columns: only the rows it
+    /// keeps (true, not null) are given.
+    filter: Option<Arc<dyn PhysicalExpr>>,
     /// Rows in all, deleted ones included (an estimate for the planner).
     rows: u64,
     cache: Arc<PlanProperties>,
@@ -191,6 +205,7 @@ impl MaskedScanExec {
             columns,
             file_schema: file_schema.clone(),
             pruning,
+            filter: None,
             rows,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -206,7 +221,11 @@ impl DisplayAs for MaskedScanExec {
             "MaskedScanExec: files={files}, partitions={}, columns={:?}",
             self.parts.len(),
             self.columns
-        )
+        )?;
+        if let Some(filter) = &self.filter {
+            write!(f, ", filter={filter}")?;
+        }
+        Ok(())
     }
 }
 
@@ -225,9 +244,12 @@ impl ExecutionPlan for MaskedScanExec {
 
     fn apply_expressions(
         &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
+        match &self.filter {
+            Some(filter) => f(filter),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
     }
 
     #[allow(deprecated)]
@@ -246,6 +268,35 @@ impl ExecutionPlan for MaskedScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    /// Takes the filters of the plan above (a `FilterExec`'s, through a union or a projection)
+    /// where the plan is being built; the dynamic filters that joins and top-k sorts publish
+    /// as they run are left to their own operators.
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let filters: Vec<_> = child_pushdown_result
+            .parent_filters
+            .into_iter()
+            .map(|f| f.filter)
+            .collect();
+        if phase != FilterPushdownPhase::Pre || filters.is_empty() {
+            return Ok(FilterPushdownPropagation::with_parent_pushdown_result(
+                vec![PushedDown::No; filters.len()],
+            ));
+        }
+        let taken = vec![PushedDown::Yes; filters.len()];
+        let mut scan = self.clone();
+        scan.filter = Some(conjunction(self.filter.iter().cloned().chain(filters)));
+        scan.metrics = ExecutionPlanMetricsSet::new();
+        Ok(
+            FilterPushdownPropagation::with_parent_pushdown_result(taken)
+                .with_updated_node(Arc::new(scan)),
+        )
     }
 
     fn partition_statistics(&self, _: Option<usize>) -> Result<Arc<Statistics>> {
@@ -276,6 +327,7 @@ impl ExecutionPlan for MaskedScanExec {
             self.schema(),
             self.file_schema.clone(),
             self.pruning.clone(),
+            self.filter.clone(),
             context.session_config().batch_size(),
         ));
         let files = self.parts.get(partition).cloned().unwrap_or_default();
@@ -315,6 +367,7 @@ struct FileScan {
     out: SchemaRef,
     file_schema: SchemaRef,
     pruning: Option<Arc<PruningPredicate>>,
+    filter: Option<Arc<dyn PhysicalExpr>>,
     batch_size: usize,
 }
 
@@ -324,6 +377,7 @@ impl FileScan {
         out: SchemaRef,
         file_schema: SchemaRef,
         pruning: Option<Arc<PruningPredicate>>,
+        filter: Option<Arc<dyn PhysicalExpr>>,
         batch_size: usize,
     ) -> FileScan {
         let mut read = columns.to_vec();
@@ -342,6 +396,7 @@ impl FileScan {
             out,
             file_schema,
             pruning,
+            filter,
             batch_size,
         }
     }
@@ -368,13 +423,18 @@ impl FileScan {
             .with_row_groups(row_groups)
             .with_batch_size(self.batch_size);
         // A file with no deleted row (a write-buffer object read with others that have) is
-        // read without a selection.
-        if deleted > 0 {
+        // read without a selection. Under a filter the reader gives every row, and each batch
+        // is copied once, its live rows that pass the filter kept.
+        let mut live = (deleted > 0).then_some(live);
+        if self.filter.is_none()
+            && let Some(live) = live.take()
+        {
             builder = builder
                 .with_row_selection(RowSelection::from_boolean_buffer(live))
                 .with_row_selection_policy(RowSelectionPolicy::Mask);
         }
         let stream = builder.build()?;
+        let mut at = 0;
         Ok(stream.map(move |batch| {
             let batch = batch?;
             let columns = self
@@ -383,11 +443,14 @@ impl FileScan {
                 .map(|&i| batch.column(i).clone())
                 .collect();
             let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-            Ok(RecordBatch::try_new_with_options(
-                self.out.clone(),
-                columns,
-                &options,
-            )?)
+            let batch = RecordBatch::try_new_with_options(self.out.clone(), columns, &options)?;
+            let Some(filter) = &self.filter else {
+                return Ok(batch);
+            };
+            // The batches follow one another through the row groups read, as their bits do.
+            let live = live.as_ref().map(|l| l.slice(at, batch.num_rows()));
+            at += batch.num_rows();
+            select(batch, filter, live)
         }))
     }
 
@@ -436,6 +499,44 @@ impl FileScan {
     }
 }
 
+/// The rows of `batch` that are live (a set bit in `live`; every row without it) and pass
+/// `filter`, copied once.
+fn select(
+    batch: RecordBatch,
+    filter: &Arc<dyn PhysicalExpr>,
+    live: Option<BooleanBuffer>,
+) -> Result<RecordBatch> {
+    let passed = match filter
+        .evaluate(&batch)
+        .and_then(|v| v.into_array(batch.num_rows()))
+    {
+        Ok(passed) => passed,
+        // The filter failed on some row (a division by zero, a cast): that may be a deleted
+        // row, which the snapshot does not hold. The live rows are taken first and the filter
+        // runs on them alone, as it would over the snapshot, its error then theirs.
+        Err(_) if live.is_some() => {
+            let live = BooleanArray::new(live.expect("checked"), None);
+            return select(filter_record_batch(&batch, &live)?, filter, None);
+        }
+        Err(e) => return Err(e),
+    };
+    let passed = passed.as_boolean_opt().ok_or_else(|| {
+        DataFusionError::Internal(format!(
+            "the filter {filter} gives {}, not booleans",
+            passed.data_type()
+        ))
+    })?;
+    // A null is not a pass, as in `FilterExec`.
+    let mut keep = match passed.nulls() {
+        Some(nulls) => passed.values() & nulls.inner(),
+        None => passed.values().clone(),
+    };
+    if let Some(live) = live {
+        keep = &keep & &live;
+    }
+    Ok(filter_record_batch(&batch, &BooleanArray::new(keep, None))?)
+}
+
 /// DataFusion's reader of a file (its footers cached), as the Parquet crate's stream takes it:
 /// the crate reads through a boxed reader only without `Send`.
 struct Reader(Box<dyn AsyncFileReader + Send>);
@@ -466,7 +567,7 @@ impl AsyncFileReader for Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::common::ScalarValue;
     use datafusion::execution::TaskContext;
@@ -474,6 +575,7 @@ mod tests {
     use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+    use datafusion::physical_plan::display::DisplayableExecutionPlan;
 
     /// A scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
     /// `columns`, over two partitions, the second's files empty.
@@ -686,6 +788,93 @@ mod tests {
         file.push(1, 50, &[]);
         let e = scan_error(file);
         assert!(e.contains("row group 1 of") && e.contains("50 rows"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `100 / (v - at) > 0`, over a scan's first column `v`: true for v in at+1..=at+100,
+    /// and a division by zero where `v = at`.
+    fn divides_by_v_minus(at: i64) -> Arc<dyn PhysicalExpr> {
+        let lit = |v| Arc::new(Literal::new(ScalarValue::Int64(Some(v))));
+        let v_minus = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::Minus,
+            lit(at),
+        ));
+        let quotient = Arc::new(BinaryExpr::new(lit(100), Operator::Divide, v_minus));
+        Arc::new(BinaryExpr::new(quotient, Operator::Gt, lit(0)))
+    }
+
+    #[test]
+    fn a_filter_above_is_taken_into_the_scan_and_keeps_the_live_rows_that_pass_it() {
+        use datafusion::common::config::ConfigOptions;
+        use datafusion::physical_optimizer::PhysicalOptimizerRule;
+        use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+        use datafusion::physical_plan::filter::FilterExec;
+        let (dir, mut file) = three_row_groups("masked-filter");
+        // Rows 3, 64, 150 and 299 deleted.
+        file.push(0, 100, &[1 << 3, 1]);
+        file.push(1, 100, &[1 << 50]);
+        file.push(2, 100, &[0, 1 << 35]);
+        let deleted = [3, 64, 150, 299];
+        // The filter as the planner leaves it above the scan, and the plan once filters are
+        // pushed down: the scan alone, holding it.
+        let pushed = |filter: Arc<dyn PhysicalExpr>, file: MaskedFile| {
+            let scan = Arc::new(two_partition_scan(file, vec![0], None));
+            let plan = Arc::new(FilterExec::try_new(filter, scan).unwrap());
+            let plan = FilterPushdown::new()
+                .optimize(plan, &ConfigOptions::default())
+                .unwrap();
+            let scan = plan
+                .downcast_ref::<MaskedScanExec>()
+                .unwrap_or_else(|| panic!("the filter stays: {}", plan.name()))
+                .clone();
+            assert!(
+                format!("{}", DisplayableExecutionPlan::new(&scan).one_line()).contains("filter="),
+            );
+            scan
+        };
+        let values = |exec: &MaskedScanExec| -> Vec<i64> {
+            run_all(exec)
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .collect()
+        };
+        let live_in = |range: std::ops::RangeInclusive<i64>| -> Vec<i64> {
+            range.filter(|v| !deleted.contains(v)).collect()
+        };
+        // `v >= 150`, which no statistics pruned: the live rows from 150 on.
+        let scan = pushed(v_at_least(150), file.clone());
+        assert_eq!(values(&scan), live_in(150..=299));
+        // Two filters, and a filter that gives nulls (no row passes a null).
+        let both = Arc::new(BinaryExpr::new(
+            v_at_least(60),
+            Operator::And,
+            Arc::new(BinaryExpr::new(
+                Arc::new(Column::new("v", 0)),
+                Operator::Lt,
+                Arc::new(Literal::new(ScalarValue::Int64(Some(70)))),
+            )),
+        ));
+        assert_eq!(values(&pushed(both, file.clone())), live_in(60..=69));
+        let null = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int64(None))),
+        ));
+        assert!(values(&pushed(null, file.clone())).is_empty());
+        // A filter that fails on a deleted row (row 64) runs on the live rows alone, as over
+        // the snapshot; on a live row (65) it fails the query.
+        let scan = pushed(divides_by_v_minus(64), file.clone());
+        assert_eq!(values(&scan), live_in(65..=164));
+        let scan = pushed(divides_by_v_minus(65), file);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let stream = scan.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let e = runtime
+            .block_on(stream.try_collect::<Vec<_>>())
+            .unwrap_err();
+        assert!(e.to_string().contains("Divide by zero"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
