@@ -3,7 +3,8 @@
 //! and/or its file index and row number (tags: rows whose bit is set in their file's bitmap
 //! go), and passes on the rows left without those columns. One copy of the rows a batch keeps,
 //! none of a batch that keeps every row; batches are not merged again (a `FilterExec` would
-//! copy every row a second time to refill them).
+//! copy every row a second time to refill them). A filter right above it is taken into it, as
+//! [`crate::masked::MaskedScanExec`] takes one: the rows it keeps are the live rows that pass.
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,11 +15,15 @@ use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{Int64Type, SchemaRef, UInt32Type};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::Statistics;
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::projection::ProjectionMapping;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -26,6 +31,8 @@ use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
+
+use crate::masked::{select, take_filters};
 
 /// What decides whether a row of a scan is live, in the columns after the `at` it keeps.
 #[derive(Clone, Debug)]
@@ -46,11 +53,14 @@ impl Liveness {
     }
 }
 
-/// The live rows of a scan: the columns before `at`, rows that [`Liveness`] drops dropped.
-#[derive(Debug)]
+/// The live rows of a scan: the columns before `at`, rows that [`Liveness`] drops dropped;
+/// with a filter, those of them that pass it.
+#[derive(Clone, Debug)]
 pub(crate) struct LiveRowsExec {
     input: Arc<dyn ExecutionPlan>,
     live: Liveness,
+    /// The filter taken from the plan above, over the output's columns.
+    filter: Option<Arc<dyn PhysicalExpr>>,
     cache: Arc<PlanProperties>,
     /// What `EXPLAIN ANALYZE` shows: the rows given and dropped, and the time spent dropping.
     metrics: ExecutionPlanMetricsSet,
@@ -80,6 +90,7 @@ impl LiveRowsExec {
         Ok(LiveRowsExec {
             input,
             live,
+            filter: None,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -94,6 +105,9 @@ impl DisplayAs for LiveRowsExec {
         }
         if let Some(b) = &self.live.bitmaps {
             write!(f, " files={}", b.len())?;
+        }
+        if let Some(filter) = &self.filter {
+            write!(f, " filter={filter}")?;
         }
         Ok(())
     }
@@ -142,9 +156,32 @@ impl ExecutionPlan for LiveRowsExec {
 
     fn apply_expressions(
         &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
+        match &self.filter {
+            Some(filter) => f(filter),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    }
+
+    /// Takes the filters of the plan above: see [`take_filters`]. Its input gets none (they
+    /// name this operator's columns; the input's scan prunes by the query's own filters).
+    fn handle_child_pushdown_result(
+        &self,
+        phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let (taken, filter) = take_filters(phase, child_pushdown_result, self.filter.as_ref());
+        let mut propagation: FilterPushdownPropagation<Arc<dyn ExecutionPlan>> =
+            FilterPushdownPropagation::with_parent_pushdown_result(taken);
+        if let Some(filter) = filter {
+            let mut exec = self.clone();
+            exec.filter = Some(filter);
+            exec.metrics = ExecutionPlanMetricsSet::new();
+            propagation = propagation.with_updated_node(Arc::new(exec));
+        }
+        Ok(propagation)
     }
 
     #[allow(deprecated)]
@@ -158,10 +195,9 @@ impl ExecutionPlan for LiveRowsExec {
                 children.len()
             )));
         }
-        Ok(Arc::new(LiveRowsExec::try_new(
-            children.swap_remove(0),
-            self.live.clone(),
-        )?))
+        let mut exec = LiveRowsExec::try_new(children.swap_remove(0), self.live.clone())?;
+        exec.filter = self.filter.clone();
+        Ok(Arc::new(exec))
     }
 
     fn execute(
@@ -170,6 +206,7 @@ impl ExecutionPlan for LiveRowsExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let live = self.live.clone();
+        let filter = self.filter.clone();
         let kept: Vec<usize> = (0..live.at).collect();
         let input = self.input.execute(partition, context)?;
         let schema = self.cache.eq_properties.schema().clone();
@@ -177,11 +214,11 @@ impl ExecutionPlan for LiveRowsExec {
         let dropped = MetricBuilder::new(&self.metrics).counter("rows_masked", partition);
         let live = input.map(move |batch| {
             let batch = batch?;
-            let out = {
+            let (out, masked) = {
                 let _compute = baseline.elapsed_compute().timer();
-                live_batch(&batch, &live, &kept)?
+                live_batch(&batch, &live, &kept, filter.as_ref())?
             };
-            dropped.add(batch.num_rows() - out.num_rows());
+            dropped.add(masked);
             baseline.record_output(out.num_rows());
             Ok(out)
         });
@@ -189,8 +226,14 @@ impl ExecutionPlan for LiveRowsExec {
     }
 }
 
-/// `batch`'s live rows, in the columns `kept` (every column before those `live` reads).
-fn live_batch(batch: &RecordBatch, live: &Liveness, kept: &[usize]) -> Result<RecordBatch> {
+/// `batch`'s live rows that pass `filter` (if any), in the columns `kept` (every column
+/// before those `live` reads), and how many rows were not live.
+fn live_batch(
+    batch: &RecordBatch,
+    live: &Liveness,
+    kept: &[usize],
+    filter: Option<&Arc<dyn PhysicalExpr>>,
+) -> Result<(RecordBatch, usize)> {
     let unexpected = |i: usize| {
         DataFusionError::Internal(format!(
             "column {i} of a scan with {live:?} is {}",
@@ -227,12 +270,14 @@ fn live_batch(batch: &RecordBatch, live: &Liveness, kept: &[usize]) -> Result<Re
         });
     }
     let data = batch.project(kept)?;
-    match keep {
-        Some(keep) if keep.count_set_bits() < keep.len() => {
-            Ok(filter_record_batch(&data, &BooleanArray::new(keep, None))?)
-        }
-        _ => Ok(data),
-    }
+    let masked = keep.as_ref().map_or(0, |k| k.len() - k.count_set_bits());
+    let keep = keep.filter(|_| masked > 0);
+    let out = match (filter, keep) {
+        (Some(filter), keep) => select(data, filter, keep)?,
+        (None, Some(keep)) => filter_record_batch(&data, &BooleanArray::new(keep, None))?,
+        (None, None) => data,
+    };
+    Ok((out, masked))
 }
 
 /// Whether each row (`files[i]`, `rows[i]`) is live: its bit in its file's bitmap is clear.
@@ -333,7 +378,8 @@ mod tests {
             created_by: None,
             bitmaps: Some(Arc::new(vec![vec![u64::MAX], vec![1 << 3 | 1 << 5]])),
         };
-        let out = live_batch(&batch((2..8).collect()), &live, &[0]).unwrap();
+        let (out, masked) = live_batch(&batch((2..8).collect()), &live, &[0], None).unwrap();
+        assert_eq!(masked, 2);
         assert_eq!(out.num_columns(), 1);
         let v: Vec<i32> = out
             .column(0)
@@ -342,8 +388,8 @@ mod tests {
             .to_vec();
         assert_eq!(v, vec![2, 4, 6, 7]);
         // No deleted row: the batch as it is.
-        let out = live_batch(&batch(vec![6, 7, 8]), &live, &[0]).unwrap();
-        assert_eq!(out.num_rows(), 3);
+        let (out, masked) = live_batch(&batch(vec![6, 7, 8]), &live, &[0], None).unwrap();
+        assert_eq!((out.num_rows(), masked), (3, 0));
     }
 
     #[test]
@@ -392,7 +438,7 @@ mod tests {
         .unwrap();
         let values = |live: Liveness| -> Vec<i32> {
             let kept: Vec<usize> = (0..live.at).collect();
-            let out = live_batch(&batch, &live, &kept).unwrap();
+            let (out, _) = live_batch(&batch, &live, &kept, None).unwrap();
             assert_eq!(out.num_columns(), 1);
             out.column(0).as_primitive::<Int32Type>().values().to_vec()
         };
@@ -417,5 +463,59 @@ mod tests {
             bitmaps: None,
         };
         assert_eq!(values(all), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_filter_above_is_taken_in_and_keeps_the_live_rows_that_pass_it() {
+        use datafusion::common::ScalarValue;
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+        use datafusion::physical_optimizer::PhysicalOptimizerRule;
+        use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+        use datafusion::physical_plan::filter::FilterExec;
+        use futures::TryStreamExt;
+        // Rows 0..8 of file 0, rows 1 and 6 deleted; the filter keeps v >= 3.
+        let batch = tagged_batch(0, (0..8).collect());
+        let schema = batch.schema();
+        let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
+        let live = Liveness {
+            at: 1,
+            created_by: None,
+            bitmaps: Some(Arc::new(vec![vec![1 << 1 | 1 << 6]])),
+        };
+        let exec = Arc::new(LiveRowsExec::try_new(input, live).unwrap());
+        let v_at_least_3 = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("v", 0)),
+            Operator::GtEq,
+            Arc::new(Literal::new(ScalarValue::Int32(Some(3)))),
+        ));
+        let plan = Arc::new(FilterExec::try_new(v_at_least_3, exec).unwrap());
+        let plan = FilterPushdown::new()
+            .optimize(plan, &ConfigOptions::default())
+            .unwrap();
+        let exec = plan
+            .downcast_ref::<LiveRowsExec>()
+            .unwrap_or_else(|| panic!("the filter stays: {}", plan.name()));
+        assert!(exec.filter.is_some());
+        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let out = runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+        let v: Vec<i32> = out
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::Int32Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(v, vec![3, 4, 5, 7]);
+        // Masked counts the deleted rows, not those the filter dropped.
+        let m = exec.metrics().unwrap();
+        assert_eq!(m.output_rows(), Some(4));
+        assert_eq!(m.sum_by_name("rows_masked").map(|v| v.as_usize()), Some(2));
     }
 }

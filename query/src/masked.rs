@@ -270,33 +270,24 @@ impl ExecutionPlan for MaskedScanExec {
         Some(self.metrics.clone_inner())
     }
 
-    /// Takes the filters of the plan above (a `FilterExec`'s, through a union or a projection)
-    /// where the plan is being built; the dynamic filters that joins and top-k sorts publish
-    /// as they run are left to their own operators.
+    /// Takes the filters of the plan above (a `FilterExec`'s, through a union or a projection):
+    /// see [`take_filters`].
     fn handle_child_pushdown_result(
         &self,
         phase: FilterPushdownPhase,
         child_pushdown_result: ChildPushdownResult,
         _: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
-        let filters: Vec<_> = child_pushdown_result
-            .parent_filters
-            .into_iter()
-            .map(|f| f.filter)
-            .collect();
-        if phase != FilterPushdownPhase::Pre || filters.is_empty() {
-            return Ok(FilterPushdownPropagation::with_parent_pushdown_result(
-                vec![PushedDown::No; filters.len()],
-            ));
+        let (taken, filter) = take_filters(phase, child_pushdown_result, self.filter.as_ref());
+        let mut propagation: FilterPushdownPropagation<Arc<dyn ExecutionPlan>> =
+            FilterPushdownPropagation::with_parent_pushdown_result(taken);
+        if let Some(filter) = filter {
+            let mut scan = self.clone();
+            scan.filter = Some(filter);
+            scan.metrics = ExecutionPlanMetricsSet::new();
+            propagation = propagation.with_updated_node(Arc::new(scan));
         }
-        let taken = vec![PushedDown::Yes; filters.len()];
-        let mut scan = self.clone();
-        scan.filter = Some(conjunction(self.filter.iter().cloned().chain(filters)));
-        scan.metrics = ExecutionPlanMetricsSet::new();
-        Ok(
-            FilterPushdownPropagation::with_parent_pushdown_result(taken)
-                .with_updated_node(Arc::new(scan)),
-        )
+        Ok(propagation)
     }
 
     fn partition_statistics(&self, _: Option<usize>) -> Result<Arc<Statistics>> {
@@ -499,9 +490,34 @@ impl FileScan {
     }
 }
 
+/// The filters of the plan above that an operator of ours takes (see
+/// [`ExecutionPlan::handle_child_pushdown_result`]): all of them where the plan is being built,
+/// none of the dynamic filters that joins and top-k sorts publish as they run (left to their
+/// own operators). Each filter's answer, and the filter the operator then applies: the taken
+/// ones and `held` (the one it applied already) as one conjunction; none where it takes none.
+pub(crate) fn take_filters(
+    phase: FilterPushdownPhase,
+    result: ChildPushdownResult,
+    held: Option<&Arc<dyn PhysicalExpr>>,
+) -> (Vec<PushedDown>, Option<Arc<dyn PhysicalExpr>>) {
+    let filters: Vec<_> = result
+        .parent_filters
+        .into_iter()
+        .map(|f| f.filter)
+        .collect();
+    if phase != FilterPushdownPhase::Pre || filters.is_empty() {
+        return (vec![PushedDown::No; filters.len()], None);
+    }
+    let taken = vec![PushedDown::Yes; filters.len()];
+    (
+        taken,
+        Some(conjunction(held.cloned().into_iter().chain(filters))),
+    )
+}
+
 /// The rows of `batch` that are live (a set bit in `live`; every row without it) and pass
 /// `filter`, copied once.
-fn select(
+pub(crate) fn select(
     batch: RecordBatch,
     filter: &Arc<dyn PhysicalExpr>,
     live: Option<BooleanBuffer>,

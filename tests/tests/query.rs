@@ -856,12 +856,22 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
             );
         }
         // The old snapshot's scans (the objects read whole beside those with rows created
-        // after it, tagged) give the same rows under a filter.
-        let rows = ints(
-            &old.collect("SELECT n FROM bank.ledger WHERE n % 3 = 1 ORDER BY n")
-                .await
-                .unwrap(),
-        );
+        // after it, tagged) give the same rows under a filter, which both take.
+        let sql = "SELECT n FROM bank.ledger WHERE n % 3 = 1 ORDER BY n";
+        let rows = ints(&old.collect(sql).await.unwrap());
+        let explain = datafusion::arrow::util::pretty::pretty_format_batches(
+            &old.collect(&format!("EXPLAIN {sql}")).await.unwrap(),
+        )
+        .unwrap()
+        .to_string();
+        for exec in ["MaskedScanExec", "LiveRowsExec"] {
+            assert!(
+                explain
+                    .lines()
+                    .any(|l| l.contains(exec) && l.contains("filter=")),
+                "{explain}"
+            );
+        }
         let filtered: Vec<Vec<i64>> = at_old
             .iter()
             .filter(|&&n| n % 3 == 1)
