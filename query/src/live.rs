@@ -32,7 +32,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
-use crate::masked::{select, take_filters};
+use crate::masked::{TakesFilter, select, take_filters, visit_filter};
 
 /// What decides whether a row of a scan is live, in the columns after the `at` it keeps.
 #[derive(Clone, Debug)]
@@ -97,6 +97,20 @@ impl LiveRowsExec {
     }
 }
 
+impl TakesFilter for LiveRowsExec {
+    fn filter(&self) -> Option<&Arc<dyn PhysicalExpr>> {
+        self.filter.as_ref()
+    }
+
+    fn with_filter(&self, filter: Arc<dyn PhysicalExpr>) -> Self {
+        LiveRowsExec {
+            filter: Some(filter),
+            metrics: ExecutionPlanMetricsSet::new(),
+            ..self.clone()
+        }
+    }
+}
+
 impl DisplayAs for LiveRowsExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "LiveRowsExec:")?;
@@ -158,10 +172,7 @@ impl ExecutionPlan for LiveRowsExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        match &self.filter {
-            Some(filter) => f(filter),
-            None => Ok(TreeNodeRecursion::Continue),
-        }
+        visit_filter(self.filter.as_ref(), f)
     }
 
     /// Takes the filters of the plan above: see [`take_filters`]. Its input gets none (they
@@ -172,16 +183,7 @@ impl ExecutionPlan for LiveRowsExec {
         child_pushdown_result: ChildPushdownResult,
         _: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
-        let (taken, filter) = take_filters(phase, child_pushdown_result, self.filter.as_ref());
-        let mut propagation: FilterPushdownPropagation<Arc<dyn ExecutionPlan>> =
-            FilterPushdownPropagation::with_parent_pushdown_result(taken);
-        if let Some(filter) = filter {
-            let mut exec = self.clone();
-            exec.filter = Some(filter);
-            exec.metrics = ExecutionPlanMetricsSet::new();
-            propagation = propagation.with_updated_node(Arc::new(exec));
-        }
-        Ok(propagation)
+        Ok(take_filters(self, phase, child_pushdown_result))
     }
 
     #[allow(deprecated)]
@@ -392,10 +394,9 @@ mod tests {
         assert_eq!((out.num_rows(), masked), (3, 0));
     }
 
-    #[test]
-    fn its_metrics_count_the_rows_given_and_dropped() {
+    /// Rows 0..8 of file 0 (`v` = row number), rows 1 and 6 deleted.
+    fn two_of_eight_deleted() -> LiveRowsExec {
         use datafusion::datasource::memory::MemorySourceConfig;
-        use futures::TryStreamExt;
         let batch = tagged_batch(0, (0..8).collect());
         let schema = batch.schema();
         let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
@@ -404,7 +405,13 @@ mod tests {
             created_by: None,
             bitmaps: Some(Arc::new(vec![vec![1 << 1 | 1 << 6]])),
         };
-        let exec = LiveRowsExec::try_new(input, live).unwrap();
+        LiveRowsExec::try_new(input, live).unwrap()
+    }
+
+    #[test]
+    fn its_metrics_count_the_rows_given_and_dropped() {
+        use futures::TryStreamExt;
+        let exec = two_of_eight_deleted();
         let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -468,23 +475,14 @@ mod tests {
     #[test]
     fn a_filter_above_is_taken_in_and_keeps_the_live_rows_that_pass_it() {
         use datafusion::common::ScalarValue;
-        use datafusion::datasource::memory::MemorySourceConfig;
         use datafusion::logical_expr::Operator;
         use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
         use datafusion::physical_optimizer::PhysicalOptimizerRule;
         use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
         use datafusion::physical_plan::filter::FilterExec;
         use futures::TryStreamExt;
-        // Rows 0..8 of file 0, rows 1 and 6 deleted; the filter keeps v >= 3.
-        let batch = tagged_batch(0, (0..8).collect());
-        let schema = batch.schema();
-        let input = MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap();
-        let live = Liveness {
-            at: 1,
-            created_by: None,
-            bitmaps: Some(Arc::new(vec![vec![1 << 1 | 1 << 6]])),
-        };
-        let exec = Arc::new(LiveRowsExec::try_new(input, live).unwrap());
+        // The filter keeps v >= 3.
+        let exec = Arc::new(two_of_eight_deleted());
         let v_at_least_3 = Arc::new(BinaryExpr::new(
             Arc::new(Column::new("v", 0)),
             Operator::GtEq,

@@ -213,6 +213,20 @@ impl MaskedScanExec {
     }
 }
 
+impl TakesFilter for MaskedScanExec {
+    fn filter(&self) -> Option<&Arc<dyn PhysicalExpr>> {
+        self.filter.as_ref()
+    }
+
+    fn with_filter(&self, filter: Arc<dyn PhysicalExpr>) -> Self {
+        MaskedScanExec {
+            filter: Some(filter),
+            metrics: ExecutionPlanMetricsSet::new(),
+            ..self.clone()
+        }
+    }
+}
+
 impl DisplayAs for MaskedScanExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let files: usize = self.parts.iter().map(Vec::len).sum();
@@ -246,10 +260,7 @@ impl ExecutionPlan for MaskedScanExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        match &self.filter {
-            Some(filter) => f(filter),
-            None => Ok(TreeNodeRecursion::Continue),
-        }
+        visit_filter(self.filter.as_ref(), f)
     }
 
     #[allow(deprecated)]
@@ -278,16 +289,7 @@ impl ExecutionPlan for MaskedScanExec {
         child_pushdown_result: ChildPushdownResult,
         _: &ConfigOptions,
     ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
-        let (taken, filter) = take_filters(phase, child_pushdown_result, self.filter.as_ref());
-        let mut propagation: FilterPushdownPropagation<Arc<dyn ExecutionPlan>> =
-            FilterPushdownPropagation::with_parent_pushdown_result(taken);
-        if let Some(filter) = filter {
-            let mut scan = self.clone();
-            scan.filter = Some(filter);
-            scan.metrics = ExecutionPlanMetricsSet::new();
-            propagation = propagation.with_updated_node(Arc::new(scan));
-        }
-        Ok(propagation)
+        Ok(take_filters(self, phase, child_pushdown_result))
     }
 
     fn partition_statistics(&self, _: Option<usize>) -> Result<Arc<Statistics>> {
@@ -490,29 +492,47 @@ impl FileScan {
     }
 }
 
-/// The filters of the plan above that an operator of ours takes (see
-/// [`ExecutionPlan::handle_child_pushdown_result`]): all of them where the plan is being built,
-/// none of the dynamic filters that joins and top-k sorts publish as they run (left to their
-/// own operators). Each filter's answer, and the filter the operator then applies: the taken
-/// ones and `held` (the one it applied already) as one conjunction; none where it takes none.
-pub(crate) fn take_filters(
+/// An operator of ours that takes the filter of the plan above it and applies it with the
+/// rows it drops, in one copy.
+pub(crate) trait TakesFilter: ExecutionPlan + Sized + 'static {
+    /// The filter it applies already.
+    fn filter(&self) -> Option<&Arc<dyn PhysicalExpr>>;
+    /// A copy of it that applies `filter` in place of its own (with metrics of its own).
+    fn with_filter(&self, filter: Arc<dyn PhysicalExpr>) -> Self;
+}
+
+/// The filters of the plan above that `op` takes, as
+/// [`ExecutionPlan::handle_child_pushdown_result`] answers: all of them where the plan is
+/// being built, none of the dynamic filters that joins and top-k sorts publish as they run
+/// (left to their own operators). Where it takes any, the plan gets `op` applying them and
+/// its own as one conjunction.
+pub(crate) fn take_filters<T: TakesFilter>(
+    op: &T,
     phase: FilterPushdownPhase,
     result: ChildPushdownResult,
-    held: Option<&Arc<dyn PhysicalExpr>>,
-) -> (Vec<PushedDown>, Option<Arc<dyn PhysicalExpr>>) {
+) -> FilterPushdownPropagation<Arc<dyn ExecutionPlan>> {
     let filters: Vec<_> = result
         .parent_filters
         .into_iter()
         .map(|f| f.filter)
         .collect();
     if phase != FilterPushdownPhase::Pre || filters.is_empty() {
-        return (vec![PushedDown::No; filters.len()], None);
+        let none = vec![PushedDown::No; filters.len()];
+        return FilterPushdownPropagation::with_parent_pushdown_result(none);
     }
     let taken = vec![PushedDown::Yes; filters.len()];
-    (
-        taken,
-        Some(conjunction(held.cloned().into_iter().chain(filters))),
-    )
+    let filter = conjunction(op.filter().cloned().into_iter().chain(filters));
+    let op: Arc<dyn ExecutionPlan> = Arc::new(op.with_filter(filter));
+    FilterPushdownPropagation::with_parent_pushdown_result(taken).with_updated_node(op)
+}
+
+/// `f` on `filter`, for [`ExecutionPlan::apply_expressions`] of an operator whose only
+/// expression is the filter it took.
+pub(crate) fn visit_filter(
+    filter: Option<&Arc<dyn PhysicalExpr>>,
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+) -> Result<TreeNodeRecursion> {
+    filter.map_or(Ok(TreeNodeRecursion::Continue), f)
 }
 
 /// The rows of `batch` that are live (a set bit in `live`; every row without it) and pass
