@@ -542,19 +542,19 @@ pub(crate) fn select(
     filter: &Arc<dyn PhysicalExpr>,
     live: Option<BooleanBuffer>,
 ) -> Result<RecordBatch> {
-    let passed = match filter
+    let passed = filter
         .evaluate(&batch)
-        .and_then(|v| v.into_array(batch.num_rows()))
-    {
-        Ok(passed) => passed,
+        .and_then(|v| v.into_array(batch.num_rows()));
+    let (passed, live) = match (passed, live) {
+        (Ok(passed), live) => (passed, live),
         // The filter failed on some row (a division by zero, a cast): that may be a deleted
         // row, which the snapshot does not hold. The live rows are taken first and the filter
         // runs on them alone, as it would over the snapshot, its error then theirs.
-        Err(_) if live.is_some() => {
-            let live = BooleanArray::new(live.expect("checked"), None);
+        (Err(_), Some(live)) => {
+            let live = BooleanArray::new(live, None);
             return select(filter_record_batch(&batch, &live)?, filter, None);
         }
-        Err(e) => return Err(e),
+        (Err(e), None) => return Err(e),
     };
     let passed = passed.as_boolean_opt().ok_or_else(|| {
         DataFusionError::Internal(format!(

@@ -591,12 +591,15 @@ fn spread(pieces: impl Iterator<Item = MaskedFile>, parts: usize) -> Vec<Vec<Mas
         rows += piece.rows();
         let part = out.last_mut().expect("never empty");
         match (part.last_mut(), &piece.live) {
-            (Some(last), Live::Groups(groups))
-                if last.path() == piece.path() && matches!(last.live, Live::Groups(_)) =>
-            {
-                if let Live::Groups(to) = &mut last.live {
-                    to.extend(groups.iter().cloned());
-                }
+            (
+                Some(MaskedFile {
+                    file,
+                    live: Live::Groups(to),
+                    ..
+                }),
+                Live::Groups(groups),
+            ) if file.object_meta.location == piece.file.object_meta.location => {
+                to.extend(groups.iter().cloned())
             }
             _ => part.push(piece),
         }
