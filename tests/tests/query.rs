@@ -56,6 +56,14 @@ fn start_with(dir: &std::path::Path, settings: Settings) -> Node {
     .unwrap()
 }
 
+/// `EXPLAIN sql` in `session`, as a table.
+async fn explain_plan(session: &QuerySession, sql: &str) -> String {
+    let plan = session.collect(&format!("EXPLAIN {sql}")).await.unwrap();
+    datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+        .unwrap()
+        .to_string()
+}
+
 /// Both tables at one session's snapshot.
 async fn read_state(session: &QuerySession) -> State {
     let accounts = ints(
@@ -809,13 +817,7 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
         assert_eq!(again, expected);
         // Every object is wholly before this snapshot and holds deleted rows: each is read
         // whole with those rows masked out as it is decoded, no row tagged with its number.
-        let explain = datafusion::arrow::util::pretty::pretty_format_batches(
-            &now.collect("EXPLAIN SELECT n FROM bank.ledger")
-                .await
-                .unwrap(),
-        )
-        .unwrap()
-        .to_string();
+        let explain = explain_plan(&now, "SELECT n FROM bank.ledger").await;
         assert!(
             explain.contains("MaskedScanExec") && !explain.contains("LiveRowsExec"),
             "{explain}"
@@ -835,11 +837,7 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
                 .map(|n| vec![n])
                 .collect();
             assert_eq!(rows, expected, "{sql}");
-            let explain = datafusion::arrow::util::pretty::pretty_format_batches(
-                &now.collect(&format!("EXPLAIN {sql}")).await.unwrap(),
-            )
-            .unwrap()
-            .to_string();
+            let explain = explain_plan(&now, &sql).await;
             // (The rows still in memory keep a filter of their own.)
             let lines: Vec<&str> = explain.lines().collect();
             assert!(
@@ -859,11 +857,7 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
         // after it, tagged) give the same rows under a filter, which both take.
         let sql = "SELECT n FROM bank.ledger WHERE n % 3 = 1 ORDER BY n";
         let rows = ints(&old.collect(sql).await.unwrap());
-        let explain = datafusion::arrow::util::pretty::pretty_format_batches(
-            &old.collect(&format!("EXPLAIN {sql}")).await.unwrap(),
-        )
-        .unwrap()
-        .to_string();
+        let explain = explain_plan(&old, sql).await;
         for exec in ["MaskedScanExec", "LiveRowsExec"] {
             assert!(
                 explain
