@@ -96,6 +96,16 @@ struct ObjectPart {
     identity: Option<u64>,
 }
 
+/// Whether each of `rows` rows has its bit set in `deleted` (bit i = row i).
+fn every_row_deleted(rows: u64, deleted: &[u64]) -> bool {
+    let full = (rows / 64) as usize;
+    let rest = rows % 64;
+    let words = full + usize::from(rest > 0);
+    deleted.len() >= words
+        && deleted[..full].iter().all(|&w| w == u64::MAX)
+        && (rest == 0 || deleted[full] | (u64::MAX << rest) == u64::MAX)
+}
+
 /// A write-buffer object as DataFusion's scan reads it. DataFusion's footer cache checks an
 /// entry against the object's size and modification time; an identified object's
 /// modification time is its rows' newest `_create_ts` (as nanoseconds since the epoch). Within
@@ -312,6 +322,11 @@ impl TableProvider for RetinaTable {
                     identity: part.max_create_ts.filter(|_| part.bytes.is_some()),
                 }),
             }
+        }
+        // An object whose every row is deleted at the snapshot (a block of new orders all
+        // delivered since) holds nothing for it: it is not opened at all.
+        if check {
+            objects.retain(|o| !every_row_deleted(o.rows, &o.deleted));
         }
         tracing::debug!(
             table = self.table.schema.name(),
@@ -914,6 +929,19 @@ fn split_store_url(url: &str) -> Result<(ObjectStoreUrl, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_is_dead_where_each_of_its_rows_has_its_bit() {
+        assert!(every_row_deleted(0, &[]));
+        assert!(every_row_deleted(3, &[0b111]));
+        assert!(!every_row_deleted(3, &[0b101]));
+        // Bits past the rows do not count, and a short bitmap leaves rows live.
+        assert!(every_row_deleted(3, &[u64::MAX]));
+        assert!(every_row_deleted(64, &[u64::MAX]));
+        assert!(!every_row_deleted(65, &[u64::MAX]));
+        assert!(every_row_deleted(65, &[u64::MAX, 1]));
+        assert!(!every_row_deleted(128, &[u64::MAX, u64::MAX >> 1]));
+    }
 
     fn runs(s: &RowSelection) -> Vec<(bool, usize)> {
         s.iter().map(|r| (r.skip, r.row_count)).collect()

@@ -64,6 +64,27 @@ async fn explain_plan(session: &QuerySession, sql: &str) -> String {
         .to_string()
 }
 
+/// The write-buffer objects on the store that `session`'s snapshot reads of `table`, as the
+/// shards answer for it.
+async fn buffer_objects(
+    retina: &Retina,
+    session: &QuerySession,
+    table: &str,
+) -> Vec<retina_client::BufferPart> {
+    let conn = retina.connection();
+    let plan = conn.plan(session.query_id(), table).await.unwrap();
+    let mut parts = Vec::new();
+    for &service in &plan.buffers {
+        let buffer = conn
+            .write_buffer(service, session.info(), plan.table.id, vec![], vec![])
+            .await
+            .unwrap();
+        parts.extend(buffer);
+    }
+    parts.retain(|p| matches!(p.data, retina_client::PartData::Path(_)));
+    parts
+}
+
 /// Both tables at one session's snapshot.
 async fn read_state(session: &QuerySession) -> State {
     let accounts = ints(
@@ -732,23 +753,15 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
         submit((300..600).map(|n| RowOp::Insert(image(n))).collect());
         // Wait until the old query reads, from the store, objects wholly before its snapshot
         // with rows deleted before it, and objects with rows created after it.
-        let conn = retina.connection();
         let start = Instant::now();
         loop {
-            let plan = conn.plan(old.query_id(), "bank.ledger").await.unwrap();
+            let plan = retina
+                .connection()
+                .plan(old.query_id(), "bank.ledger")
+                .await
+                .unwrap();
             assert!(plan.files.is_empty(), "no file is combined");
-            let mut parts = Vec::new();
-            for &service in &plan.buffers {
-                let buffer = conn
-                    .write_buffer(service, old.info(), plan.table.id, vec![], vec![])
-                    .await
-                    .unwrap();
-                parts.extend(buffer);
-            }
-            let objects: Vec<_> = parts
-                .iter()
-                .filter(|p| matches!(p.data, retina_client::PartData::Path(_)))
-                .collect();
+            let objects = buffer_objects(&retina, &old, "bank.ledger").await;
             for o in &objects {
                 assert!(
                     o.bytes.is_some_and(|b| b > 0),
@@ -881,6 +894,39 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
             .unwrap();
         let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
         assert_eq!(ints(&batches), vec![vec![expected.len() as i64]]);
+        // Every row but the last ten deleted: an object whose every row is deleted at the
+        // snapshot is not opened at all.
+        submit(
+            (0..590)
+                .filter(|&n| !deleted_before(n) && !deleted_after(n))
+                .map(|n| RowOp::Delete(image(n)))
+                .collect(),
+        );
+        let last = retina.begin().await.unwrap();
+        let objects = buffer_objects(&retina, &last, "bank.ledger").await;
+        let (dead, kept): (Vec<_>, Vec<_>) = objects.iter().partition(|o| {
+            (0..o.rows).all(|i| {
+                o.deleted
+                    .get((i / 64) as usize)
+                    .is_some_and(|w| w >> (i % 64) & 1 == 1)
+            })
+        });
+        assert!(!dead.is_empty(), "some object holds deleted rows only");
+        let rows = ints(
+            &last
+                .collect("SELECT n FROM bank.ledger ORDER BY n")
+                .await
+                .unwrap(),
+        );
+        assert_eq!(rows, (590..600).map(|n| vec![n]).collect::<Vec<_>>());
+        let explain = explain_plan(&last, "SELECT n FROM bank.ledger").await;
+        // (The objects left are read by the masked scan where any of them has deleted rows.)
+        if kept.iter().any(|o| o.deleted.iter().any(|&w| w != 0)) {
+            let files = format!("MaskedScanExec: files={},", kept.len());
+            assert!(explain.contains(&files), "{files} {explain}");
+        } else {
+            assert!(!explain.contains("MaskedScanExec"), "{explain}");
+        }
     });
     node.shutdown();
 }
