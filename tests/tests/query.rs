@@ -64,25 +64,25 @@ async fn explain_plan(session: &QuerySession, sql: &str) -> String {
         .to_string()
 }
 
-/// The write-buffer objects on the store that `session`'s snapshot reads of `table`, as the
-/// shards answer for it.
+/// The write-buffer objects on the store that `session`'s snapshot reads of `table`, shard by
+/// shard, as the shards answer for it.
 async fn buffer_objects(
     retina: &Retina,
     session: &QuerySession,
     table: &str,
-) -> Vec<retina_client::BufferPart> {
+) -> Vec<Vec<retina_client::BufferPart>> {
     let conn = retina.connection();
     let plan = conn.plan(session.query_id(), table).await.unwrap();
-    let mut parts = Vec::new();
+    let mut shards = Vec::new();
     for &service in &plan.buffers {
-        let buffer = conn
+        let mut parts = conn
             .write_buffer(service, session.info(), plan.table.id, vec![], vec![])
             .await
             .unwrap();
-        parts.extend(buffer);
+        parts.retain(|p| matches!(p.data, retina_client::PartData::Path(_)));
+        shards.push(parts);
     }
-    parts.retain(|p| matches!(p.data, retina_client::PartData::Path(_)));
-    parts
+    shards
 }
 
 /// Both tables at one session's snapshot.
@@ -761,7 +761,7 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
                 .await
                 .unwrap();
             assert!(plan.files.is_empty(), "no file is combined");
-            let objects = buffer_objects(&retina, &old, "bank.ledger").await;
+            let objects: Vec<_> = buffer_objects(&retina, &old, "bank.ledger").await.concat();
             for o in &objects {
                 assert!(
                     o.bytes.is_some_and(|b| b > 0),
@@ -903,7 +903,7 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
                 .collect(),
         );
         let last = retina.begin().await.unwrap();
-        let objects = buffer_objects(&retina, &last, "bank.ledger").await;
+        let objects = buffer_objects(&retina, &last, "bank.ledger").await.concat();
         let (dead, kept): (Vec<_>, Vec<_>) = objects.iter().partition(|o| {
             (0..o.rows).all(|i| {
                 o.deleted
@@ -973,25 +973,14 @@ fn a_table_gone_quiet_is_read_from_one_tail_object_per_shard_at_every_snapshot()
         let retina = Retina::connect(addr, "").unwrap();
         // A query begun before the tails are written reads the same rows after.
         let early = retina.begin().await.unwrap();
-        let conn = retina.connection();
         let start = Instant::now();
         loop {
             let q = retina.begin().await.unwrap();
-            let plan = conn.plan(q.query_id(), "bank.ledger").await.unwrap();
-            let mut objects = Vec::new();
-            for &service in &plan.buffers {
-                let parts = conn
-                    .write_buffer(service, q.info(), plan.table.id, vec![], vec![])
-                    .await
-                    .unwrap();
-                objects.push(
-                    parts
-                        .iter()
-                        .filter(|p| matches!(p.data, retina_client::PartData::Path(_)))
-                        .map(|p| p.rows)
-                        .collect::<Vec<_>>(),
-                );
-            }
+            let objects: Vec<Vec<u64>> = buffer_objects(&retina, &q, "bank.ledger")
+                .await
+                .iter()
+                .map(|shard| shard.iter().map(|p| p.rows).collect())
+                .collect();
             // Each shard's flushed blocks as one object of more than one block.
             if objects.len() == 2 && objects.iter().all(|o| o.len() == 1 && o[0] > 64) {
                 break;
