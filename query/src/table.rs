@@ -323,8 +323,8 @@ impl TableProvider for RetinaTable {
                 }),
             }
         }
-        // An object whose every row is deleted at the snapshot (a block of new orders all
-        // delivered since) holds nothing for it: it is not opened at all.
+        // An object whose every row is deleted at the snapshot (each row of a block updated or
+        // deleted since) holds nothing for it: it is not opened at all.
         if check {
             objects.retain(|o| !every_row_deleted(o.rows, &o.deleted));
         }
