@@ -311,6 +311,7 @@ fn live_rows(bitmaps: &[Vec<u64>], files: &[u32], rows: &[i64]) -> BooleanBuffer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::masked::tests::run_all;
 
     #[test]
     fn live_rows_are_the_clear_bits_of_each_rows_file() {
@@ -410,13 +411,8 @@ mod tests {
 
     #[test]
     fn its_metrics_count_the_rows_given_and_dropped() {
-        use futures::TryStreamExt;
         let exec = two_of_eight_deleted();
-        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+        run_all(&exec);
         let m = exec.metrics().unwrap();
         assert_eq!(m.output_rows(), Some(6));
         assert_eq!(m.sum_by_name("rows_masked").map(|v| v.as_usize()), Some(2));
@@ -480,7 +476,6 @@ mod tests {
         use datafusion::physical_optimizer::PhysicalOptimizerRule;
         use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
         use datafusion::physical_plan::filter::FilterExec;
-        use futures::TryStreamExt;
         // The filter keeps v >= 3.
         let exec = Arc::new(two_of_eight_deleted());
         let v_at_least_3 = Arc::new(BinaryExpr::new(
@@ -496,11 +491,7 @@ mod tests {
             .downcast_ref::<LiveRowsExec>()
             .unwrap_or_else(|| panic!("the filter stays: {}", plan.name()));
         assert!(exec.filter.is_some());
-        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let out = runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+        let out = run_all(exec);
         let v: Vec<i32> = out
             .iter()
             .flat_map(|b| {

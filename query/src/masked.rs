@@ -601,7 +601,7 @@ impl AsyncFileReader for Reader {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
@@ -635,7 +635,8 @@ mod tests {
     }
 
     /// Every partition of `exec`, run to the end: their batches in partition order.
-    fn run_all(exec: &MaskedScanExec) -> Vec<RecordBatch> {
+    /// Every batch of every partition of `exec`, in partition order.
+    pub(crate) fn run_all(exec: &dyn ExecutionPlan) -> Vec<RecordBatch> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
