@@ -9,8 +9,9 @@
 //! is then decoded whole and copied once, keeping the rows that are live and pass the filter,
 //! where the filter would copy the live rows a second time.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
@@ -175,7 +176,16 @@ pub(crate) struct MaskedScanExec {
     /// What `EXPLAIN ANALYZE` shows: the rows given and masked out, the time spent reading
     /// and decoding, and the Parquet reader's own (bytes read, row groups pruned, by file).
     metrics: ExecutionPlanMetricsSet,
+    /// The files no partition of this execution has taken yet: a partition done with a file
+    /// takes the next one, whichever partition it was planned in, so a partition slowed down
+    /// (its core busy with other work) is helped by the others, as DataFusion's own file
+    /// streams share work (and unless its `enable_file_stream_work_stealing` is off). One
+    /// execution per plan: [`ExecutionPlan::reset_state`] gives a plan that runs again.
+    work: Arc<OnceLock<Work>>,
 }
+
+/// The files of a [`MaskedScanExec`] that no partition has taken yet.
+type Work = Arc<Mutex<VecDeque<MaskedFile>>>;
 
 impl MaskedScanExec {
     pub(crate) fn new(
@@ -209,6 +219,7 @@ impl MaskedScanExec {
             rows,
             cache,
             metrics: ExecutionPlanMetricsSet::new(),
+            work: Arc::default(),
         })
     }
 }
@@ -222,6 +233,7 @@ impl TakesFilter for MaskedScanExec {
         MaskedScanExec {
             filter: Some(filter),
             metrics: ExecutionPlanMetricsSet::new(),
+            work: Arc::default(),
             ..self.clone()
         }
     }
@@ -277,6 +289,12 @@ impl ExecutionPlan for MaskedScanExec {
         Ok(self)
     }
 
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut exec = Arc::unwrap_or_clone(self);
+        exec.work = Arc::default();
+        Ok(Arc::new(exec))
+    }
+
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
@@ -323,7 +341,24 @@ impl ExecutionPlan for MaskedScanExec {
             self.filter.clone(),
             context.session_config().batch_size(),
         ));
-        let files = self.parts.get(partition).cloned().unwrap_or_default();
+        let files: Box<dyn Iterator<Item = MaskedFile> + Send> = if context
+            .session_config()
+            .options()
+            .execution
+            .enable_file_stream_work_stealing
+        {
+            let work = self.work.get_or_init(|| {
+                let files = self.parts.iter().flatten().cloned().collect();
+                Arc::new(Mutex::new(files))
+            });
+            let work = work.clone();
+            Box::new(std::iter::from_fn(move || {
+                work.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+            }))
+        } else {
+            let files = self.parts.get(partition).cloned().unwrap_or_default();
+            Box::new(files.into_iter())
+        };
         let mut stream = futures::stream::iter(files)
             .then(move |file| {
                 let factory: &dyn ParquetFileReaderFactory = match file.cache {
@@ -612,6 +647,7 @@ pub(crate) mod tests {
     use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
     use datafusion::physical_plan::display::DisplayableExecutionPlan;
+    use datafusion::prelude::SessionConfig;
 
     /// A scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
     /// `columns`, over two partitions, the second's files empty.
@@ -634,8 +670,8 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    /// Every partition of `exec`, run to the end: their batches in partition order.
-    /// Every batch of every partition of `exec`, in partition order.
+    /// Every batch of every partition of `exec`, each partition run to its end before the
+    /// next starts.
     pub(crate) fn run_all(exec: &dyn ExecutionPlan) -> Vec<RecordBatch> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -757,6 +793,66 @@ pub(crate) mod tests {
         // `v >= 150` rules out row group 0 by its statistics; the rest is the filter's job.
         let predicate = v_at_least(150);
         assert_eq!(scan(file, vec![0], Some(predicate)), expected(100));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn partitions_share_the_files_and_a_plan_reset_reads_them_again() {
+        let (dir, file) = three_row_groups("masked-shared");
+        // Row group g of the file in partition g, row 10 of each deleted.
+        let parts: Vec<Vec<MaskedFile>> = (0..3)
+            .map(|g| {
+                let mut f = file.clone();
+                f.push(g, 100, &[1 << 10, 0]);
+                vec![f]
+            })
+            .collect();
+        let exec: Arc<dyn ExecutionPlan> = Arc::new(
+            MaskedScanExec::new(
+                ObjectStoreUrl::local_filesystem(),
+                parts,
+                &two_partition_scan(file, vec![0], None).file_schema,
+                vec![0],
+                None,
+            )
+            .unwrap(),
+        );
+        let expected = |groups: std::ops::Range<i64>| -> Vec<i64> {
+            groups
+                .flat_map(|g| (g * 100..g * 100 + 100).filter(move |v| v % 100 != 10))
+                .collect()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let run = |exec: &Arc<dyn ExecutionPlan>, partition: usize, config: SessionConfig| {
+            let context = Arc::new(TaskContext::default().with_session_config(config));
+            let stream = exec.execute(partition, context).unwrap();
+            let batches = runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+            batches
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .collect::<Vec<i64>>()
+        };
+        let sharing = SessionConfig::new;
+        // The partition that runs first takes every file the others have not started.
+        assert_eq!(run(&exec, 1, sharing()), expected(0..3));
+        assert_eq!(run(&exec, 0, sharing()), Vec::<i64>::new());
+        assert_eq!(run(&exec, 2, sharing()), Vec::<i64>::new());
+        // Reset, the plan reads them all again, shared as they are taken.
+        let exec = exec.reset_state().unwrap();
+        assert_eq!(run(&exec, 0, sharing()), expected(0..3));
+        // Without work stealing each partition reads its own files, as DataFusion's scans do.
+        let own = || {
+            SessionConfig::new().set_bool(
+                "datafusion.execution.enable_file_stream_work_stealing",
+                false,
+            )
+        };
+        let exec = exec.reset_state().unwrap();
+        assert_eq!(run(&exec, 2, own()), expected(2..3));
+        assert_eq!(run(&exec, 0, own()), expected(0..1));
+        assert_eq!(run(&exec, 1, own()), expected(1..2));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
