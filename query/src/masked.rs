@@ -179,8 +179,9 @@ pub(crate) struct MaskedScanExec {
     /// The files no partition of this execution has taken yet: a partition done with a file
     /// takes the next one, whichever partition it was planned in, so a partition slowed down
     /// (its core busy with other work) is helped by the others, as DataFusion's own file
-    /// streams share work (and unless its `enable_file_stream_work_stealing` is off). One
-    /// execution per plan: [`ExecutionPlan::reset_state`] gives a plan that runs again.
+    /// streams share work; where its `enable_file_stream_work_stealing` is off, each partition
+    /// reads its own files. One execution per plan, as DataFusion's scans:
+    /// [`ExecutionPlan::reset_state`] gives a plan that runs again.
     work: Arc<OnceLock<Work>>,
 }
 
