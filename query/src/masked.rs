@@ -650,6 +650,14 @@ pub(crate) mod tests {
     use datafusion::physical_plan::display::DisplayableExecutionPlan;
     use datafusion::prelude::SessionConfig;
 
+    /// The schema of [`three_row_groups`]'s file: `v` = row number, `w` = -v.
+    fn v_and_w() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Int64, false),
+            Field::new("w", DataType::Int64, false),
+        ]))
+    }
+
     /// A scan of `file` (three row groups of 100 rows: `v` = row number, `w` = -v) in
     /// `columns`, over two partitions, the second's files empty.
     fn two_partition_scan(
@@ -657,32 +665,36 @@ pub(crate) mod tests {
         columns: Vec<usize>,
         predicate: Option<Arc<dyn PhysicalExpr>>,
     ) -> MaskedScanExec {
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("v", DataType::Int64, false),
-            Field::new("w", DataType::Int64, false),
-        ]));
         MaskedScanExec::new(
             ObjectStoreUrl::local_filesystem(),
             vec![vec![file], Vec::new()],
-            &schema,
+            &v_and_w(),
             columns,
             predicate,
         )
         .unwrap()
     }
 
-    /// Every batch of every partition of `exec`, each partition run to its end before the
-    /// next starts.
-    pub(crate) fn run_all(exec: &dyn ExecutionPlan) -> Vec<RecordBatch> {
+    /// Partition `partition` of `exec` run to its end under `config`: its batches, or the
+    /// error it ends with.
+    fn run_partition(
+        exec: &dyn ExecutionPlan,
+        partition: usize,
+        config: SessionConfig,
+    ) -> Result<Vec<RecordBatch>> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
+        let context = Arc::new(TaskContext::default().with_session_config(config));
+        runtime.block_on(exec.execute(partition, context)?.try_collect())
+    }
+
+    /// Every batch of every partition of `exec`, each partition run to its end before the
+    /// next starts.
+    pub(crate) fn run_all(exec: &dyn ExecutionPlan) -> Vec<RecordBatch> {
         let partitions = exec.properties().partitioning.partition_count();
         (0..partitions)
-            .flat_map(|p| {
-                let stream = exec.execute(p, Arc::new(TaskContext::default())).unwrap();
-                runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap()
-            })
+            .flat_map(|p| run_partition(exec, p, SessionConfig::new()).unwrap())
             .collect()
     }
 
@@ -730,12 +742,7 @@ pub(crate) mod tests {
             None,
         )
         .unwrap();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let stream = exec.execute(0, Arc::new(TaskContext::default())).unwrap();
-        runtime
-            .block_on(stream.try_collect::<Vec<_>>())
+        run_partition(&exec, 0, SessionConfig::new())
             .unwrap_err()
             .to_string()
     }
@@ -746,10 +753,7 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!("retina-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f.parquet");
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("v", DataType::Int64, false),
-            Field::new("w", DataType::Int64, false),
-        ]));
+        let schema = v_and_w();
         let props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(100))
             .build();
@@ -812,7 +816,7 @@ pub(crate) mod tests {
             MaskedScanExec::new(
                 ObjectStoreUrl::local_filesystem(),
                 parts,
-                &two_partition_scan(file, vec![0], None).file_schema,
+                &v_and_w(),
                 vec![0],
                 None,
             )
@@ -823,13 +827,8 @@ pub(crate) mod tests {
                 .flat_map(|g| (g * 100..g * 100 + 100).filter(move |v| v % 100 != 10))
                 .collect()
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
         let run = |exec: &Arc<dyn ExecutionPlan>, partition: usize, config: SessionConfig| {
-            let context = Arc::new(TaskContext::default().with_session_config(config));
-            let stream = exec.execute(partition, context).unwrap();
-            let batches = runtime.block_on(stream.try_collect::<Vec<_>>()).unwrap();
+            let batches = run_partition(exec.as_ref(), partition, config).unwrap();
             batches
                 .iter()
                 .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
