@@ -124,6 +124,35 @@ pub(crate) struct Early {
     pub inputs: Shared<BoxFuture<'static, Option<Arc<ScanInputs>>>>,
 }
 
+/// A query being begun while DataFusion plans a statement.
+type Beginning = Shared<BoxFuture<'static, Result<Arc<RunningQuery>, Arc<DataFusionError>>>>;
+
+/// A query as its tables see it: begun, or beginning.
+#[derive(Clone)]
+pub(crate) enum QueryRef {
+    Begun(Arc<RunningQuery>),
+    Beginning(Beginning),
+}
+
+impl QueryRef {
+    /// The query, once begun.
+    pub(crate) async fn get(&self) -> Result<Arc<RunningQuery>, DataFusionError> {
+        match self {
+            QueryRef::Begun(q) => Ok(q.clone()),
+            QueryRef::Beginning(b) => b.clone().await.map_err(DataFusionError::Shared),
+        }
+    }
+}
+
+impl std::fmt::Debug for QueryRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryRef::Begun(q) => q.fmt(f),
+            QueryRef::Beginning(_) => f.write_str("a query beginning"),
+        }
+    }
+}
+
 impl RunningQuery {
     fn new(conn: Connection, info: QueryInfo, visibility: Visibility) -> RunningQuery {
         RunningQuery {
@@ -379,28 +408,39 @@ impl Retina {
         let query = Arc::new(RunningQuery::new(self.conn.clone(), info, visibility));
         query.keep_plans(plan, plans, named);
         let tables = tables.map_err(external)?;
-        for t in tables.iter().cloned() {
-            let name = t.schema.name().to_owned();
-            // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
-            if let Some((schema, _)) = name.split_once('.') {
-                let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
-                let catalog = ctx
-                    .catalog(&catalog_name)
-                    .ok_or_else(|| DataFusionError::Plan(format!("no catalog {catalog_name}")))?;
-                if catalog.schema(schema).is_none() {
-                    catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
-                }
-            }
-            ctx.register_table(
-                name.as_str(),
-                Arc::new(RetinaTable::new(query.clone(), t, visibility)),
-            )?;
-        }
+        register_tables(&ctx, &tables, &QueryRef::Begun(query.clone()), visibility)?;
         Ok(QuerySession { ctx, query, tables })
     }
 
+    /// Begins a query with the scan plans of `plan`, in a task on this tokio runtime (none
+    /// outside one), so that DataFusion plans the statement meanwhile; the scans' inputs are
+    /// asked for as soon as the plans come.
+    fn begin_in_task(&self, plan: Vec<String>, named: Option<Named>) -> Option<Beginning> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let conn = self.conn.clone();
+        let task = runtime.spawn(async move {
+            let (info, plans) = if plan.is_empty() {
+                (conn.begin().await?, Vec::new())
+            } else {
+                conn.begin_and_plan(plan.clone()).await?
+            };
+            let query = Arc::new(RunningQuery::new(conn, info, Visibility::Check));
+            query.keep_plans(plan, plans, named.as_ref());
+            Ok::<_, ClientError>(query)
+        });
+        let begun = async move {
+            match task.await {
+                Ok(begun) => begun.map_err(|e| Arc::new(external(e))),
+                Err(e) => Err(Arc::new(DataFusionError::External(Box::new(e)))),
+            }
+        };
+        Some(begun.boxed().shared())
+    }
+
     /// Runs one statement in a query of its own; the query ends when the stream is dropped.
-    /// The plans of the tables it names come with the begin.
+    /// The plans of the tables it names come with the begin. Once the node's tables are known
+    /// (from this connection's first query on), the begin goes out while DataFusion plans
+    /// the statement.
     pub async fn sql(
         &self,
         sql: &str,
@@ -413,6 +453,38 @@ impl Retina {
             (statement, plan)
         };
         let named = Named::of(&statement);
+        // Where the node's tables are known, the query begins while DataFusion plans the
+        // statement: the scans wait for the begin (and their inputs) only once planned.
+        if let Some(tables) = self.known_tables()
+            && let Some(beginning) = self.begin_in_task(plan.clone(), named.clone())
+        {
+            let query = QueryRef::Beginning(beginning.clone());
+            register_tables(&ctx, &tables, &query, Visibility::Check)?;
+            let stream = async {
+                let logical = ctx.state().statement_to_plan(statement).await?;
+                ctx.execute_logical_plan(logical)
+                    .await?
+                    .execute_stream()
+                    .await
+            }
+            .await;
+            // Begun by now, unless no scan was planned (an empty relation). A begin the node
+            // refused is the error as the node gave it, rather than as a scan saw it, once the
+            // tables that shared it are gone.
+            drop((ctx, query));
+            let query = match beginning.await {
+                Ok(q) => q,
+                Err(e) => {
+                    drop(stream);
+                    return Err(Arc::try_unwrap(e).unwrap_or_else(DataFusionError::Shared));
+                }
+            };
+            let stream = Box::pin(HoldingStream {
+                inner: stream?,
+                _query: query.clone(),
+            });
+            return Ok((query.snapshot(), stream));
+        }
         let session = self
             .start(ctx, Visibility::Check, plan, named.as_ref())
             .await?;
@@ -423,10 +495,38 @@ impl Retina {
     }
 }
 
+/// Registers each of `tables` in `ctx`, read in `query`.
+fn register_tables(
+    ctx: &SessionContext,
+    tables: &[TableInfo],
+    query: &QueryRef,
+    visibility: Visibility,
+) -> Result<(), DataFusionError> {
+    for t in tables.iter().cloned() {
+        let name = t.schema.name().to_owned();
+        // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
+        if let Some((schema, _)) = name.split_once('.') {
+            let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
+            let catalog = ctx
+                .catalog(&catalog_name)
+                .ok_or_else(|| DataFusionError::Plan(format!("no catalog {catalog_name}")))?;
+            if catalog.schema(schema).is_none() {
+                catalog.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
+            }
+        }
+        ctx.register_table(
+            name.as_str(),
+            Arc::new(RetinaTable::of(query.clone(), t, visibility)),
+        )?;
+    }
+    Ok(())
+}
+
 /// The column names a statement may read: every identifier in its expressions (the last part
 /// of a compound one), lowercased; or every column, where it selects a wildcard. A superset of
 /// what the optimizer will find each scan reads, found before it runs (a scan checks that it
 /// is one, and asks again where it is not: a `NATURAL JOIN` or `USING` names no column).
+#[derive(Clone)]
 pub(crate) struct Named {
     every: bool,
     names: std::collections::HashSet<String>,

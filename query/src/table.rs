@@ -42,7 +42,7 @@ use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::live::{LiveRowsExec, Liveness};
 use crate::masked::{Live, MaskedFile, MaskedScanExec};
-use crate::{RunningQuery, external};
+use crate::{QueryRef, RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
 /// whatever its creation time: it exists to measure what the check costs.
@@ -55,7 +55,7 @@ pub enum Visibility {
 /// A Retina table at one query's snapshot.
 #[derive(Debug)]
 pub struct RetinaTable {
-    query: Arc<RunningQuery>,
+    query: QueryRef,
     table: TableInfo,
     /// The user's columns, without `_create_ts`.
     schema: SchemaRef,
@@ -64,6 +64,11 @@ pub struct RetinaTable {
 
 impl RetinaTable {
     pub fn new(query: Arc<RunningQuery>, table: TableInfo, visibility: Visibility) -> RetinaTable {
+        RetinaTable::of(QueryRef::Begun(query), table, visibility)
+    }
+
+    /// A table of a query that may still be beginning: its scans wait for the begin.
+    pub(crate) fn of(query: QueryRef, table: TableInfo, visibility: Visibility) -> RetinaTable {
         RetinaTable {
             query,
             schema: user_schema(&table),
@@ -164,8 +169,8 @@ impl TableProvider for RetinaTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let (plan, early) = self
-            .query
+        let query = self.query.get().await?;
+        let (plan, early) = query
             .plan(self.table.schema.name())
             .await
             .map_err(external)?;
@@ -200,10 +205,9 @@ impl TableProvider for RetinaTable {
                     projection.clone()
                 };
                 let columns: Vec<u16> = sent.iter().map(|&c| c as u16).collect();
-                let inputs =
-                    scan_inputs(&self.query.conn, self.query.info(), &plan, check, columns)
-                        .await
-                        .map_err(external)?;
+                let inputs = scan_inputs(&query.conn, query.info(), &plan, check, columns)
+                    .await
+                    .map_err(external)?;
                 (Arc::new(inputs), sent)
             }
         };

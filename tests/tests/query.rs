@@ -543,6 +543,86 @@ fn refusals_stay_typed_through_datafusion() {
 }
 
 #[test]
+fn a_one_statement_query_begun_while_its_statement_is_planned_holds_and_ends_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(&dir.path().join("data"), 10_000);
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    let ts = h
+        .submit(&[vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(row(1, 5)),
+        }]])
+        .unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    let running = || h.status().running_queries.load(Ordering::Acquire);
+    let wait_running = |n: u64| {
+        let start = Instant::now();
+        while running() != n {
+            assert!(start.elapsed() < Duration::from_secs(10), "{n} queries");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let rt = retina_tests::runtime();
+    rt.block_on(async {
+        use futures::TryStreamExt;
+        let retina = Retina::connect(addr, "").unwrap();
+        // The first query lists the node's tables; from the second on, a one-statement query
+        // begins while DataFusion plans its statement.
+        let (_, first) = retina.sql("SELECT 1").await.unwrap();
+        drop(first);
+        wait_running(0);
+        let (snapshot, stream) = retina
+            .sql("SELECT balance FROM bank.accounts")
+            .await
+            .unwrap();
+        assert!(snapshot.get() >= *ts.end());
+        assert_eq!(running(), 1, "held while its stream lives");
+        let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
+        assert_eq!(ints(&batches), vec![vec![5]]);
+        wait_running(0);
+
+        // A statement that plans no scan still has a snapshot and holds its query.
+        let (snapshot, stream) = retina
+            .sql("SELECT balance FROM bank.accounts WHERE false")
+            .await
+            .unwrap();
+        assert!(snapshot.get() >= *ts.end());
+        assert_eq!(running(), 1);
+        assert!(ints(&stream.try_collect::<Vec<_>>().await.unwrap()).is_empty());
+        wait_running(0);
+
+        // A statement DataFusion refuses after the begin went out: the error names it, and the
+        // query begun for it ends.
+        let e = retina
+            .sql("SELECT nope FROM bank.accounts")
+            .await
+            .err()
+            .expect("no such column");
+        assert!(e.to_string().contains("nope"), "{e}");
+        wait_running(0);
+
+        // A begin the node refuses is the node's typed refusal, as it was before planning.
+        let mut held = Vec::new();
+        let refused = loop {
+            match retina.sql("SELECT balance FROM bank.accounts").await {
+                Ok((_, s)) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() <= 256, "a connection runs at most 256 queries");
+        };
+        assert_eq!(held.len(), 256);
+        assert!(
+            matches!(refusal(&refused), Some(Refusal::TooManyQueries(256))),
+            "{refused}"
+        );
+        drop(held);
+        wait_running(0);
+    });
+    node.shutdown();
+}
+
+#[test]
 fn a_query_never_sees_rows_created_after_its_snapshot_in_files_combined_later() {
     let dir = tempfile::tempdir().unwrap();
     let node = start(&dir.path().join("data"), 10_000);
