@@ -132,6 +132,28 @@ fn insert_ledger(h: &retina_node::node::NodeHandle, from: i64, to: i64, per_txn:
     assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
 }
 
+/// Inserts account `id` with `balance` in a transaction of its own, and waits until a query
+/// begun now sees it (submit returns when the shards have it, not when they applied it).
+fn insert_visible(h: &retina_node::node::NodeHandle, id: i64, balance: i64) -> u64 {
+    let ts = h
+        .submit(&[vec![TableOp {
+            table: 0,
+            op: RowOp::Insert(row(id, balance)),
+        }]])
+        .unwrap();
+    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    *ts.end()
+}
+
+/// Waits until the node runs `n` queries.
+fn wait_running(h: &retina_node::node::NodeHandle, n: u64) {
+    let start = Instant::now();
+    while h.status().running_queries.load(Ordering::Acquire) != n {
+        assert!(start.elapsed() < Duration::from_secs(10), "{n} queries");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn row(id: i64, bal: i64) -> Vec<Value> {
     vec![Value::Int(id), Value::Int(bal)]
 }
@@ -392,13 +414,7 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
     let retina = Retina::connect(addr, "").unwrap();
     for i in 0..5i64 {
         // One row: it sits in the active write-buffer block, never flushed.
-        let ts = h
-            .submit(&[vec![TableOp {
-                table: 0,
-                op: RowOp::Insert(row(i, 100 + i)),
-            }]])
-            .unwrap();
-        assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+        let visible = insert_visible(&h, i, 100 + i);
         let (snapshot, rows, reversed) = rt.block_on(async {
             let session = retina.begin().await.unwrap();
             let rows = ints(
@@ -416,7 +432,7 @@ fn a_transaction_is_visible_to_the_first_sql_query_after_hwm_passes_it() {
             );
             (session.snapshot().get(), rows, reversed)
         });
-        assert!(snapshot >= *ts.end());
+        assert!(snapshot >= visible);
         assert_eq!(
             rows,
             vec![vec![100 + i]],
@@ -474,22 +490,8 @@ fn a_query_ends_with_its_stream_and_lives_while_renewed() {
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
     let rt = retina_tests::runtime();
-    let ts = h
-        .submit(&[vec![TableOp {
-            table: 0,
-            op: RowOp::Insert(row(1, 5)),
-        }]])
-        .unwrap();
-    // The query below begins once the row is visible (submit returns when the shards have it,
-    // not when they applied it).
-    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
-    let wait_running = |n: u64| {
-        let start = Instant::now();
-        while h.status().running_queries.load(Ordering::Acquire) != n {
-            assert!(start.elapsed() < Duration::from_secs(10), "{n} queries");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
+    insert_visible(&h, 1, 5);
+    let wait_running = |n: u64| wait_running(&h, n);
     rt.block_on(async {
         let retina = Retina::connect(addr, "").unwrap();
         let (_, stream) = retina
@@ -548,21 +550,9 @@ fn a_one_statement_query_begun_while_its_statement_is_planned_holds_and_ends_as_
     let node = start(&dir.path().join("data"), 10_000);
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
-    let ts = h
-        .submit(&[vec![TableOp {
-            table: 0,
-            op: RowOp::Insert(row(1, 5)),
-        }]])
-        .unwrap();
-    assert!(h.wait_visible(*ts.end(), Duration::from_secs(10)));
+    let visible = insert_visible(&h, 1, 5);
     let running = || h.status().running_queries.load(Ordering::Acquire);
-    let wait_running = |n: u64| {
-        let start = Instant::now();
-        while running() != n {
-            assert!(start.elapsed() < Duration::from_secs(10), "{n} queries");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
+    let wait_running = |n: u64| wait_running(&h, n);
     let rt = retina_tests::runtime();
     rt.block_on(async {
         use futures::TryStreamExt;
@@ -576,7 +566,7 @@ fn a_one_statement_query_begun_while_its_statement_is_planned_holds_and_ends_as_
             .sql("SELECT balance FROM bank.accounts")
             .await
             .unwrap();
-        assert!(snapshot.get() >= *ts.end());
+        assert!(snapshot.get() >= visible);
         assert_eq!(running(), 1, "held while its stream lives");
         let batches: Vec<RecordBatch> = stream.try_collect().await.unwrap();
         assert_eq!(ints(&batches), vec![vec![5]]);
@@ -587,7 +577,7 @@ fn a_one_statement_query_begun_while_its_statement_is_planned_holds_and_ends_as_
             .sql("SELECT balance FROM bank.accounts WHERE false")
             .await
             .unwrap();
-        assert!(snapshot.get() >= *ts.end());
+        assert!(snapshot.get() >= visible);
         assert_eq!(running(), 1);
         assert!(ints(&stream.try_collect::<Vec<_>>().await.unwrap()).is_empty());
         wait_running(0);
