@@ -790,7 +790,12 @@ pub fn markdown(results: &Results, charts: &[(String, Chart, String)], chart_dir
             "### {file}\n\n| measurement | value | unit |\n| --- | --- | --- |"
         );
         for (name, m) in entries {
-            let _ = writeln!(s, "| {name} | {} | {} |", trim_number(m.value), m.unit);
+            // Ratios to two decimals, as their targets are given (1.15 is not 1.2).
+            let value = match m.unit.as_str() {
+                "x" => format!("{:.2}", m.value),
+                _ => trim_number(m.value),
+            };
+            let _ = writeln!(s, "| {name} | {value} | {} |", m.unit);
         }
         s.push('\n');
     }
@@ -892,6 +897,11 @@ mod tests {
              {\"at\":2,\"name\":\"p50_ms_at_80000_rows_per_s\",\"value\":1.2,\"unit\":\"ms\"}\n",
         )
         .unwrap();
+        std::fs::write(
+            dir.path().join("overhead_tpcc.jsonl"),
+            "{\"at\":1,\"name\":\"q6_ratio_load\",\"value\":1.1549,\"unit\":\"x\"}\n",
+        )
+        .unwrap();
         let results = load(dir.path()).unwrap();
         assert_eq!(
             results["freshness"]["p50_ms_at_10000_rows_per_s"].value, 2.0,
@@ -919,6 +929,7 @@ mod tests {
             "![Freshness against throughput (cf. Figure 8)](bench/results/fig-freshness.svg)"
         ));
         assert!(md.contains("| p99_ms_at_10000_rows_per_s | 15.4 | ms |"));
+        assert!(md.contains("| q6_ratio_load | 1.15 | x |"), "{md}");
 
         std::fs::write(dir.path().join("bad.jsonl"), "{\"name\":1}\n").unwrap();
         let err = load(dir.path()).unwrap_err();
