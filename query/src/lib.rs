@@ -383,13 +383,7 @@ impl Retina {
         plan: Vec<String>,
         named: Option<&Named>,
     ) -> Result<QuerySession, DataFusionError> {
-        let begin = async {
-            if plan.is_empty() {
-                Ok((self.conn.begin().await?, Vec::new()))
-            } else {
-                self.conn.begin_and_plan(plan.clone()).await
-            }
-        };
+        let begin = begin_query(self.conn.clone(), plan, named, visibility);
         // The first query lists the tables too, in parallel with the begin. The query is held
         // before the tables are looked at: where listing them failed, dropping it ends the
         // query.
@@ -404,9 +398,7 @@ impl Retina {
                 (tables, begun)
             }
         };
-        let (info, plans) = begun.map_err(external)?;
-        let query = Arc::new(RunningQuery::new(self.conn.clone(), info, visibility));
-        query.keep_plans(plan, plans, named);
+        let query = begun.map_err(external)?;
         let tables = tables.map_err(external)?;
         register_tables(&ctx, &tables, &QueryRef::Begun(query.clone()), visibility)?;
         Ok(QuerySession { ctx, query, tables })
@@ -418,16 +410,8 @@ impl Retina {
     fn begin_in_task(&self, plan: Vec<String>, named: Option<Named>) -> Option<Beginning> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let conn = self.conn.clone();
-        let task = runtime.spawn(async move {
-            let (info, plans) = if plan.is_empty() {
-                (conn.begin().await?, Vec::new())
-            } else {
-                conn.begin_and_plan(plan.clone()).await?
-            };
-            let query = Arc::new(RunningQuery::new(conn, info, Visibility::Check));
-            query.keep_plans(plan, plans, named.as_ref());
-            Ok::<_, ClientError>(query)
-        });
+        let task = runtime
+            .spawn(async move { begin_query(conn, plan, named.as_ref(), Visibility::Check).await });
         let begun = async move {
             match task.await {
                 Ok(begun) => begun.map_err(|e| Arc::new(external(e))),
@@ -495,6 +479,24 @@ impl Retina {
     }
 }
 
+/// Begins a query on `conn`, with the scan plans of `plan` taken in the same round trip and
+/// kept (the scans' inputs asked for at once, in the columns `named` says).
+async fn begin_query(
+    conn: Connection,
+    plan: Vec<String>,
+    named: Option<&Named>,
+    visibility: Visibility,
+) -> Result<Arc<RunningQuery>, ClientError> {
+    let (info, plans) = if plan.is_empty() {
+        (conn.begin().await?, Vec::new())
+    } else {
+        conn.begin_and_plan(plan.clone()).await?
+    };
+    let query = Arc::new(RunningQuery::new(conn, info, visibility));
+    query.keep_plans(plan, plans, named);
+    Ok(query)
+}
+
 /// Registers each of `tables` in `ctx`, read in `query`.
 fn register_tables(
     ctx: &SessionContext,
@@ -502,11 +504,17 @@ fn register_tables(
     query: &QueryRef,
     visibility: Visibility,
 ) -> Result<(), DataFusionError> {
+    let catalog_name = ctx
+        .state_ref()
+        .read()
+        .config_options()
+        .catalog
+        .default_catalog
+        .clone();
     for t in tables.iter().cloned() {
         let name = t.schema.name().to_owned();
         // `bank.accounts` is table `accounts` in schema `bank`, as SQL reads it.
         if let Some((schema, _)) = name.split_once('.') {
-            let catalog_name = ctx.state().config_options().catalog.default_catalog.clone();
             let catalog = ctx
                 .catalog(&catalog_name)
                 .ok_or_else(|| DataFusionError::Plan(format!("no catalog {catalog_name}")))?;
