@@ -13,12 +13,14 @@
 //! reads the segments instead of their blocks.
 //!
 //! The flushed blocks past the last segment (fewer than a segment's worth) would still be an
-//! object each. When a file has taken no row and flushed no block for a while (the caller
-//! says how long, in ticks), those blocks, two or more, are combined into a *tail* segment,
-//! which readers open in their place until a longer tail or the full segment supersedes it; a
-//! superseded tail is handed back to retire. While rows keep coming no tail is written, so a
-//! table being written to pays nothing for them. A full file's combination reads its tail
-//! too.
+//! object each, and the segments one each. When a file has taken no row and flushed no block
+//! for a while (the caller says how long, in ticks), those blocks and
+//! the file's segments where it has at most [`TAIL_SEGMENTS`] of them, two objects or more,
+//! are combined into a *tail* segment (a row group per segment's worth), which readers open in
+//! their place until a longer tail or the next full segment supersedes it; a superseded tail
+//! is handed back to retire. So a small quiet file is read as one object, as a combined file
+//! is. While rows keep coming no tail is written, so a table being written to pays
+//! nothing for them. A full file's combination reads its tail too.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -56,6 +58,13 @@ pub fn block_path(table: &str, block: BlockId) -> Path {
         block.file, block.index
     ))
 }
+
+/// The most full segments a tail takes in, besides the flushed blocks past them: a quiet file
+/// of up to this many segments and a tail (at the defaults, up to about 360K rows) is then
+/// read as one object, its segments' row groups copied as they are. A longer file's tail
+/// takes in no segment. Each object a query opens costs it about 0.3 ms of opening and
+/// pruning (`retina bench overhead`).
+pub const TAIL_SEGMENTS: u32 = 4;
 
 /// The object-store path of the segment of `blocks` blocks from `first` on.
 pub fn segment_path(table: &str, first: BlockId, blocks: u32) -> Path {
@@ -305,9 +314,8 @@ pub struct VirtualFile {
     segments: Vec<ObjectFacts>,
     /// Whether segment `segments` (or a tail) is being written.
     segment_in_flight: bool,
-    /// A tail segment written: of this many flushed blocks right after the segments (at least
-    /// two, fewer than a segment's worth); readers use it in place of those blocks.
-    tail: Option<(u32, ObjectFacts)>,
+    /// A tail segment written; readers use it in place of its segments and blocks.
+    tail: Option<Tail>,
     /// Ticks in a row in which the file took no row, flushed no block and wrote no segment.
     quiet_ticks: u32,
     /// Its rows at the last tick.
@@ -320,14 +328,37 @@ impl VirtualFile {
     }
 
     /// The path of its tail segment, if one was written.
-    fn tail_path(&self, table: &str, segment_blocks: u32) -> Option<Path> {
-        self.tail.map(|(blocks, _)| {
-            let first = BlockId {
-                file: self.id,
-                index: self.segments.len() as u32 * segment_blocks,
-            };
-            segment_path(table, first, blocks)
-        })
+    fn tail_path(&self, table: &str) -> Option<Path> {
+        self.tail
+            .map(|t| self.object_path(table, t.first, t.blocks))
+    }
+
+    fn object_path(&self, table: &str, first: u32, blocks: u32) -> Path {
+        let first = BlockId {
+            file: self.id,
+            index: first,
+        };
+        segment_path(table, first, blocks)
+    }
+
+    /// The objects readers open in place of the file's first flushed blocks, in row order:
+    /// its segments up to its tail, then the tail; each `(first block, blocks, facts)`.
+    fn objects(&self, segment_blocks: u32) -> impl Iterator<Item = (u32, u32, ObjectFacts)> {
+        let before_tail = self
+            .tail
+            .map_or(self.segments.len(), |t| (t.first / segment_blocks) as usize);
+        let segments = self.segments[..before_tail]
+            .iter()
+            .enumerate()
+            .map(move |(k, facts)| (k as u32 * segment_blocks, segment_blocks, *facts));
+        segments.chain(self.tail.map(|t| (t.first, t.blocks, t.facts)))
+    }
+
+    /// The flushed blocks its segments and tail cover, from its first on.
+    fn covered(&self, segment_blocks: u32) -> u32 {
+        let segments = self.segments.len() as u32 * segment_blocks;
+        self.tail
+            .map_or(segments, |t| segments.max(t.first + t.blocks))
     }
 
     pub fn first_row(&self) -> RowId {
@@ -341,6 +372,16 @@ impl VirtualFile {
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
+}
+
+/// A tail segment: the flushed blocks from `first` on (a segment's first block) combined into
+/// one object, `blocks` of them, with at most [`TAIL_SEGMENTS`] full segments' worth and fewer
+/// than a segment's worth past them.
+#[derive(Copy, Clone)]
+struct Tail {
+    first: u32,
+    blocks: u32,
+    facts: ObjectFacts,
 }
 
 /// A block the caller should write to the object store.
@@ -368,8 +409,13 @@ pub enum CombineKind {
     /// goes once no query can read it.
     File { retire: Vec<Path> },
     /// A segment of `blocks` blocks from block `first` on, for readers: a full one, or a
-    /// tail of fewer blocks.
-    Segment { first: u32, blocks: u32 },
+    /// tail (see [`TAIL_SEGMENTS`]). Its first `segments` sources are full segments, whose
+    /// row groups it takes as they are.
+    Segment {
+        first: u32,
+        blocks: u32,
+        segments: u32,
+    },
 }
 
 /// What a finished [`CombineJob`] changed.
@@ -555,29 +601,19 @@ impl WriteBuffer {
             file.combining = true;
             let blocks = file.sealed.len() as u32;
             let id = file.id;
-            let segments: Vec<Path> = (0..file.segments.len() as u32)
-                .map(|k| {
-                    segment_path(
-                        table,
-                        BlockId {
-                            file: id,
-                            index: k * seg,
-                        },
-                        seg,
-                    )
-                })
+            // Read the objects readers read (segments, and a tail) in place of their blocks.
+            let mut sources: Vec<Path> = file
+                .objects(seg)
+                .map(|(first, n, _)| file.object_path(table, first, n))
                 .collect();
-            // Read the segments, and a tail, in place of their blocks.
-            let tail = file.tail_path(table, seg);
-            let covered = file.segments.len() as u32 * seg + file.tail.map_or(0, |(n, _)| n);
-            let mut sources = segments.clone();
-            sources.extend(tail.clone());
-            sources.extend((covered..blocks).map(|i| block(id, i)));
+            sources.extend((file.covered(seg)..blocks).map(|i| block(id, i)));
             // (A segment written before a restart is known to no checkpoint: recovery deleted
             // it with the other objects no shard reads.)
             let mut retire: Vec<Path> = (0..blocks).map(|i| block(id, i)).collect();
-            retire.extend(segments);
-            retire.extend(tail);
+            retire.extend(
+                (0..file.segments.len() as u32).map(|k| file.object_path(table, k * seg, seg)),
+            );
+            retire.extend(file.tail_path(table));
             return Some(CombineJob {
                 file: id,
                 rows: file.rows,
@@ -597,15 +633,22 @@ impl WriteBuffer {
         })?;
         file.segment_in_flight = true;
         let first = file.segments.len() as u32 * seg;
-        Some(segment_job(table, file.id, first, seg, self.block_rows))
+        Some(segment_job(
+            table,
+            file.id,
+            (first, seg),
+            (0, seg),
+            self.block_rows,
+        ))
     }
 
     /// Counts a tick for every file (a quiet one if the file took no row since the last) and
     /// returns a tail segment to write, marked as in flight: of the flushed blocks past a
-    /// file's segments, two or more and more than its tail has, in a file that is not full,
-    /// has no segment in flight and has been quiet for `quiet_ticks` ticks in a row (counting
-    /// this one; a flush or a segment written starts the count again). A table that keeps
-    /// taking rows, however slowly, makes no tails. The caller calls this once a tick.
+    /// file's segments and, where it has at most [`TAIL_SEGMENTS`], its segments, where those
+    /// are two objects or more and more blocks than its tail has, in a file that is not full, has no segment
+    /// in flight and has been quiet for `quiet_ticks` ticks in a row (counting this one; a
+    /// flush or a segment written starts the count again). A table that keeps taking rows,
+    /// however slowly, makes no tails. The caller calls this once a tick.
     pub fn take_tail_job(&mut self, quiet_ticks: u32) -> Option<CombineJob> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
@@ -617,25 +660,42 @@ impl WriteBuffer {
                 f.quiet_ticks = 0;
             }
         }
-        let (file, first, blocks) = self.files.iter_mut().find_map(|f| {
-            let first = f.segments.len() as u32 * seg;
-            let blocks = f
+        let (file, first, blocks, taken) = self.files.iter_mut().find_map(|f| {
+            let segments = f.segments.len() as u32;
+            let past = f
                 .sealed
                 .iter()
-                .skip(first as usize)
+                .skip((segments * seg) as usize)
                 .take_while(|s| matches!(s, BlockState::Flushed(_)))
                 .count() as u32;
-            let longer = blocks >= 2 && blocks > f.tail.map_or(0, |(n, _)| n);
+            // A small file's segments all, a longer file's none: taking in the last few
+            // segments of a longer one measured slower for its full scans (Q1 at 4 warehouses
+            // in `retina bench overhead`).
+            let taken = if segments <= TAIL_SEGMENTS {
+                segments
+            } else {
+                0
+            };
+            let first = (segments - taken) * seg;
+            let blocks = taken * seg + past;
+            // (A tail is dropped once a segment is written, so one left is of these segments.)
+            let longer = taken + past >= 2 && f.tail.is_none_or(|t| blocks > t.blocks);
             (longer
-                && blocks < seg
+                && past < seg
                 && f.quiet_ticks >= quiet_ticks
                 && !f.combining
                 && !f.segment_in_flight
                 && f.rows < f.capacity)
-                .then_some((f, first, blocks))
+                .then_some((f, first, blocks, taken))
         })?;
         file.segment_in_flight = true;
-        Some(segment_job(table, file.id, first, blocks, self.block_rows))
+        Some(segment_job(
+            table,
+            file.id,
+            (first, blocks),
+            (taken, seg),
+            self.block_rows,
+        ))
     }
 
     /// The combination is durable, as `facts` say. A combined file's virtual file leaves the
@@ -650,7 +710,7 @@ impl WriteBuffer {
                 let at = at.expect("a combined file was in the buffer");
                 Combined::File(self.files.remove(at).expect("position is in range"))
             }
-            CombineKind::Segment { blocks, .. } => {
+            CombineKind::Segment { first, blocks, .. } => {
                 let f = &mut self.files[at.expect("a segment's file is in the buffer")];
                 assert!(
                     f.segment_in_flight,
@@ -659,12 +719,19 @@ impl WriteBuffer {
                 );
                 f.segment_in_flight = false;
                 f.quiet_ticks = 0;
-                let superseded = f.tail_path(table, seg);
-                if blocks == seg {
+                let superseded = f.tail_path(table);
+                // A tail of whole segments and no block past them is never offered (it takes
+                // in two or more), so only the next full segment starts at the segments' end
+                // and is a segment long.
+                if first == f.segments.len() as u32 * seg && blocks == seg {
                     f.segments.push(facts);
                     f.tail = None;
                 } else {
-                    f.tail = Some((blocks, facts));
+                    f.tail = Some(Tail {
+                        first,
+                        blocks,
+                        facts,
+                    });
                 }
                 Combined::Segment { superseded }
             }
@@ -690,26 +757,21 @@ impl WriteBuffer {
         let seg = self.segment_blocks;
         let mut out = Vec::new();
         for file in &self.files {
-            let mut offset = 0u64;
-            let mut covered = 0;
-            // The segments, then a tail: each `blocks` blocks from block `covered` on.
-            let segments = file.segments.iter().map(|facts| (seg, *facts));
-            for (blocks, facts) in segments.chain(file.tail) {
+            // The segments, then a tail.
+            for (first, blocks, facts) in file.objects(seg) {
                 let id = BlockId {
                     file: file.id,
-                    index: covered,
+                    index: first,
                 };
-                let rows = u64::from(blocks) * self.block_rows as u64;
                 out.push(BufferBlock {
                     id,
-                    offset,
-                    rows,
+                    offset: u64::from(first) * self.block_rows as u64,
+                    rows: u64::from(blocks) * self.block_rows as u64,
                     data: BlockData::Object(segment_path(table, id, blocks), facts),
                 });
-                offset += rows;
-                covered += blocks;
             }
-            let covered = covered as usize;
+            let covered = file.covered(seg) as usize;
+            let mut offset = covered as u64 * self.block_rows as u64;
             for (index, state) in file.sealed.iter().enumerate().skip(covered) {
                 let id = BlockId {
                     file: file.id,
@@ -962,23 +1024,31 @@ impl WriteBuffer {
 }
 
 /// The job that combines `blocks` flushed blocks of file `id` from block `first` on into a
-/// segment (a full one, or a tail).
-fn segment_job(table: &str, id: FileId, first: u32, blocks: u32, block_rows: usize) -> CombineJob {
+/// segment (a full one, or a tail): read from the `segments` full segments of
+/// `segment_blocks` blocks that start there, then the blocks past them.
+fn segment_job(
+    table: &str,
+    id: FileId,
+    (first, blocks): (u32, u32),
+    (segments, segment_blocks): (u32, u32),
+    block_rows: usize,
+) -> CombineJob {
+    let at = |index| BlockId { file: id, index };
+    let past = first + segments * segment_blocks;
+    let mut sources: Vec<Path> = (0..segments)
+        .map(|k| segment_path(table, at(first + k * segment_blocks), segment_blocks))
+        .collect();
+    sources.extend((past..first + blocks).map(|index| block_path(table, at(index))));
     CombineJob {
         file: id,
         rows: u64::from(blocks) * block_rows as u64,
-        sources: (first..first + blocks)
-            .map(|index| block_path(table, BlockId { file: id, index }))
-            .collect(),
-        target: segment_path(
-            table,
-            BlockId {
-                file: id,
-                index: first,
-            },
+        sources,
+        target: segment_path(table, at(first), blocks),
+        kind: CombineKind::Segment {
+            first,
             blocks,
-        ),
-        kind: CombineKind::Segment { first, blocks },
+            segments,
+        },
     }
 }
 
@@ -1060,7 +1130,8 @@ mod tests {
             job.kind,
             CombineKind::Segment {
                 first: 0,
-                blocks: 2
+                blocks: 2,
+                segments: 0
             }
         );
         assert_eq!(job.rows, 128);
@@ -1144,7 +1215,8 @@ mod tests {
             next.kind,
             CombineKind::Segment {
                 first: 2,
-                blocks: 2
+                blocks: 2,
+                segments: 0
             }
         );
         // The file fills while the second segment is in flight: its combination waits.
@@ -1209,7 +1281,8 @@ mod tests {
             job.kind,
             CombineKind::Segment {
                 first: 0,
-                blocks: 2
+                blocks: 2,
+                segments: 0
             }
         );
         assert_eq!((job.rows, job.target.clone()), (128, path(2)));
@@ -1254,6 +1327,89 @@ mod tests {
     }
 
     #[test]
+    fn a_small_file_s_tail_takes_in_its_segments_and_a_longer_one_s_none() {
+        // Segments of four blocks, files of forty blocks.
+        const SEG: u32 = 4;
+        let mut b = buffer_with(&StorageConfig {
+            row_group_rows: 64 * SEG,
+            file_rows: 64 * 40,
+            ..config()
+        });
+        let f = FileId(1);
+        let at = |index| BlockId { file: f, index };
+        let write_segments = |b: &mut WriteBuffer| {
+            while let Some(job) = b.take_combine_job() {
+                assert!(matches!(job.kind, CombineKind::Segment { blocks: SEG, .. }));
+                let _ = b.combine_done(&job, ObjectFacts::default());
+            }
+        };
+        let blocks = |b: &mut WriteBuffer, n: u32| {
+            append(b, 64 * n as usize);
+            flush_all(b);
+        };
+        // One full segment and nothing past it: a single object already, no tail.
+        blocks(&mut b, SEG);
+        write_segments(&mut b);
+        assert!(tail_within(&mut b, 1, 5).is_none());
+        // As many segments as a tail takes in and a block: one tail of them all, read from the
+        // segments and the block.
+        let small = SEG * TAIL_SEGMENTS;
+        blocks(&mut b, small - SEG + 1);
+        write_segments(&mut b);
+        let (_, tail) = tail_within(&mut b, 1, 5).expect("a quiet file's tail");
+        let kind = CombineKind::Segment {
+            first: 0,
+            blocks: small + 1,
+            segments: TAIL_SEGMENTS,
+        };
+        assert_eq!(tail.kind, kind);
+        let mut sources: Vec<Path> = (0..TAIL_SEGMENTS)
+            .map(|k| segment_path("t", at(SEG * k), SEG))
+            .collect();
+        sources.push(block_path("t", at(small)));
+        assert_eq!(tail.sources, sources);
+        assert_eq!(tail.rows, 64 * u64::from(small + 1));
+        let Combined::Segment { superseded: None } = b.combine_done(&tail, ObjectFacts::default())
+        else {
+            panic!("the first tail supersedes nothing")
+        };
+        let path = |first, n| Some(segment_path("t", at(first), n).to_string());
+        assert_eq!(
+            layout(&b),
+            [(0, 0, 64 * u64::from(small + 1), path(0, small + 1))]
+        );
+        // The next full segment supersedes the tail: readers open every segment again.
+        blocks(&mut b, SEG - 1);
+        let job = b.take_combine_job().expect("the next segment");
+        assert_eq!(job.target, segment_path("t", at(small), SEG));
+        let Combined::Segment { superseded } = b.combine_done(&job, ObjectFacts::default()) else {
+            panic!("a segment")
+        };
+        assert_eq!(superseded, Some(segment_path("t", at(0), small + 1)));
+        let rows = 64 * u64::from(SEG);
+        let segments = |n: u32| -> Vec<_> {
+            (0..n)
+                .map(|k| (SEG * k, rows * u64::from(k), rows, path(SEG * k, SEG)))
+                .collect()
+        };
+        assert_eq!(layout(&b), segments(TAIL_SEGMENTS + 1));
+        // A longer file: its tail takes in no segment, only the blocks past them.
+        blocks(&mut b, 2);
+        let (_, tail) = tail_within(&mut b, 1, 5).expect("a quiet file's tail");
+        let past = small + SEG;
+        let kind = CombineKind::Segment {
+            first: past,
+            blocks: 2,
+            segments: 0,
+        };
+        assert_eq!(tail.kind, kind);
+        let _ = b.combine_done(&tail, ObjectFacts::default());
+        let mut expected = segments(TAIL_SEGMENTS + 1);
+        expected.push((past, 64 * u64::from(past), 128, path(past, 2)));
+        assert_eq!(layout(&b), expected);
+    }
+
+    #[test]
     fn blocks_still_coming_make_no_tail_and_a_full_file_retires_its_tail() {
         let mut b = four_block_segments();
         let f = FileId(1);
@@ -1274,13 +1430,21 @@ mod tests {
             append(&mut b, 64);
         }
         flush_all(&mut b);
-        // Blocks 4 and 5 after the first segment: their tail starts at block 4.
+        // Blocks 4 and 5 after the first segment: their tail takes in the segment.
         let job = b.take_combine_job().unwrap();
         let _ = b.combine_done(&job, ObjectFacts::default());
         let (_, tail) = tail_within(&mut b, 3, 10).unwrap();
-        let tail_path = segment_path("t", BlockId { file: f, index: 4 }, 2);
-        assert_eq!(tail.target, tail_path);
+        let segment = segment_path("t", BlockId { file: f, index: 0 }, 4);
+        let tail_path = segment_path("t", BlockId { file: f, index: 0 }, 6);
+        assert_eq!(
+            (tail.target.clone(), tail.rows),
+            (tail_path.clone(), 64 * 6)
+        );
+        let mut sources = vec![segment.clone()];
+        sources.extend([4, 5].map(|index| block_path("t", BlockId { file: f, index })));
+        assert_eq!(tail.sources, sources);
         let _ = b.combine_done(&tail, ObjectFacts::default());
+        assert_eq!(layout(&b), [(0, 0, 64 * 6, Some(tail_path.to_string()))]);
         // The file fills: no tail for a full file, and its combination retires the tail.
         append(&mut b, 64 * 6);
         flush_all(&mut b);
@@ -1290,11 +1454,9 @@ mod tests {
             kinds.push(job.kind.clone());
             if let CombineKind::File { retire } = &job.kind {
                 assert!(retire.contains(&tail_path), "{retire:?}");
-                // It reads the segment and the tail in place of their blocks.
-                let mut sources = vec![
-                    segment_path("t", BlockId { file: f, index: 0 }, 4),
-                    tail_path.clone(),
-                ];
+                assert!(retire.contains(&segment), "{retire:?}");
+                // It reads the tail in place of its segment and blocks.
+                let mut sources = vec![tail_path.clone()];
                 sources.extend((6..12).map(|index| block_path("t", BlockId { file: f, index })));
                 assert_eq!(job.sources, sources);
             }

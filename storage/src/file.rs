@@ -17,9 +17,11 @@ use parquet::arrow::arrow_reader::{
     RowFilter, RowSelection, RowSelector,
 };
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::ParquetMetaData;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use parquet::file::statistics::Statistics;
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::buffer::{CombineJob, CombineKind, FlushJob, ObjectFacts};
@@ -380,15 +382,31 @@ pub async fn combine_blocks(
     config: &StorageConfig,
     job: &CombineJob,
 ) -> Result<CombinedFile> {
+    // A tail's full segments are taken as they are (a row group each, encoded as a segment
+    // is): only the blocks past them are encoded.
+    let copied = match job.kind {
+        CombineKind::Segment { segments, .. } => segments as usize,
+        CombineKind::File { .. } => 0,
+    };
+    let mut segments = Vec::with_capacity(copied);
+    for path in &job.sources[..copied] {
+        segments.push(get(store, path).await?);
+    }
     let mut batches = Vec::new();
-    for path in &job.sources {
+    for path in &job.sources[copied..] {
         let bytes = store.get(path).await?.bytes().await?;
         for b in ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()? {
             batches.push(b?);
         }
     }
-    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    if rows as u64 != job.rows {
+    let mut rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+    for bytes in &segments {
+        rows += ArrowReaderMetadata::load(bytes, ArrowReaderOptions::new())?
+            .metadata()
+            .file_metadata()
+            .num_rows() as u64;
+    }
+    if rows != job.rows {
         return Err(StorageError::Corrupt {
             what: format!("blocks of file {}", job.file),
             reason: format!("{rows} rows read back, {} expected", job.rows),
@@ -402,7 +420,14 @@ pub async fn combine_blocks(
         CombineKind::File { .. } => writer_properties(config),
         CombineKind::Segment { .. } => segment_writer_properties(config),
     };
-    let bytes = encode(schema, &batches, props)?;
+    let bytes = if segments.is_empty() {
+        encode(schema, &batches, props)?
+    } else {
+        if !batches.is_empty() {
+            segments.push(encode(schema, &batches, props.clone())?);
+        }
+        concat(&segments, props)?
+    };
     let meta = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())?;
     let groups = row_groups(meta.metadata(), schema)?;
     let written: u64 = groups.iter().map(|g| g.rows).sum();
@@ -418,6 +443,60 @@ pub async fn combine_blocks(
         groups,
         bytes: size,
     })
+}
+
+/// Parquet objects of one schema as one, their row groups copied as they are (column chunks,
+/// statistics and page indexes), in order; the first one's key-value metadata (the Arrow
+/// schema) kept.
+fn concat(inputs: &[Bytes], props: WriterProperties) -> Result<Bytes> {
+    let metas = inputs
+        .iter()
+        .map(|bytes| {
+            ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .parse_and_finish(bytes)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let first = metas[0].file_metadata();
+    let mut writer = SerializedFileWriter::new(
+        Vec::new(),
+        first.schema_descr().root_schema_ptr(),
+        Arc::new(props),
+    )?;
+    for (input, meta) in inputs.iter().zip(&metas) {
+        if meta.file_metadata().schema() != first.schema() {
+            return Err(StorageError::Corrupt {
+                what: "a segment".into(),
+                reason: "its schema is not the table's".into(),
+            });
+        }
+        for (g, group) in meta.row_groups().iter().enumerate() {
+            let mut out = writer.next_row_group()?;
+            for (c, column) in group.columns().iter().enumerate() {
+                out.append_column(
+                    input,
+                    ColumnCloseResult {
+                        bytes_written: column.compressed_size() as u64,
+                        rows_written: group.num_rows() as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: chunk_of(meta.column_index(), g, c),
+                        offset_index: chunk_of(meta.offset_index(), g, c),
+                    },
+                )?;
+            }
+            out.close()?;
+        }
+    }
+    for kv in first.key_value_metadata().into_iter().flatten() {
+        writer.append_key_value_metadata(kv.clone());
+    }
+    Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// A page index's entry for column chunk `c` of row group `g`, if there is one.
+fn chunk_of<T: Clone>(index: Option<&Vec<Vec<T>>>, g: usize, c: usize) -> Option<T> {
+    index.and_then(|i| i.get(g)?.get(c).cloned())
 }
 
 /// Storage GC's work on one regular file: write the rows live at `safe_ts` (keeping their
@@ -687,6 +766,7 @@ mod tests {
             kind: CombineKind::Segment {
                 first: 0,
                 blocks: 3,
+                segments: 0,
             },
         };
         let made = run(combine_blocks(store.as_ref(), &schema, &config, &job)).unwrap();
@@ -705,6 +785,53 @@ mod tests {
             rows: 16,
             target: Path::from("buffer/1-00000-3-wrong.parquet"),
             ..job.clone()
+        };
+        assert!(run(combine_blocks(store.as_ref(), &schema, &config, &wrong)).is_err());
+        assert!(run(get(store.as_ref(), &wrong.target)).is_err());
+        // A tail that takes in the segment: its row group copied as it is, and the block
+        // after it encoded as a second one.
+        let tail = CombineJob {
+            file: FileId(1),
+            rows: 19,
+            sources: vec![segment.clone(), paths[3].clone()],
+            target: Path::from("buffer/1-00000-4.parquet"),
+            kind: CombineKind::Segment {
+                first: 0,
+                blocks: 4,
+                segments: 1,
+            },
+        };
+        let made = run(combine_blocks(store.as_ref(), &schema, &config, &tail)).unwrap();
+        let offsets: Vec<(u64, u64, u64, u64)> = made
+            .groups
+            .iter()
+            .map(|g| (g.offset, g.rows, g.min_create_ts, g.max_create_ts))
+            .collect();
+        assert_eq!(offsets, [(0, 15, 100, 114), (15, 4, 115, 118)]);
+        assert_eq!(read(&tail.target), (2, expected.clone()));
+        let footer = |path: &Path| {
+            let bytes = run(get(store.as_ref(), path)).unwrap();
+            ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
+                .unwrap()
+                .metadata()
+                .clone()
+        };
+        let (segment_md, tail_md) = (footer(&segment), footer(&tail.target));
+        let chunks = |g: &parquet::file::metadata::RowGroupMetaData| {
+            g.columns()
+                .iter()
+                .map(|c| (c.compressed_size(), c.statistics().cloned()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            chunks(tail_md.row_group(0)),
+            chunks(segment_md.row_group(0))
+        );
+        // A wrong row count is refused there too, and nothing is written.
+        let wrong = CombineJob {
+            rows: 20,
+            target: Path::from("buffer/1-00000-4-wrong.parquet"),
+            ..tail
         };
         assert!(run(combine_blocks(store.as_ref(), &schema, &config, &wrong)).is_err());
         assert!(run(get(store.as_ref(), &wrong.target)).is_err());
