@@ -25,6 +25,7 @@
 mod live;
 mod masked;
 mod output;
+mod parts;
 mod table;
 
 use std::collections::HashMap;

@@ -42,6 +42,7 @@ use retina_storage::{CREATE_TS_COLUMN, Timestamp};
 
 use crate::live::{LiveRowsExec, Liveness};
 use crate::masked::{Live, MaskedFile, MaskedScanExec};
+use crate::parts::{OwnPartitionsExec, balance};
 use crate::{QueryRef, RunningQuery, external};
 
 /// Whether a scan applies visibility. `Ignore` reads every stored row, deleted or not and
@@ -403,10 +404,13 @@ impl TableProvider for RetinaTable {
                     pf
                 })
                 .collect();
-            let groups = blocks
-                .chunks(blocks.len().div_ceil(partitions))
-                .map(<[_]>::to_vec)
-                .collect();
+            let (groups, balanced) = balance(
+                blocks
+                    .into_iter()
+                    .map(|pf| (pf.object_meta.size, pf))
+                    .collect(),
+                partitions,
+            );
             let mut columns = projection.clone();
             if created {
                 columns.push(ts);
@@ -432,6 +436,7 @@ impl TableProvider for RetinaTable {
                 tagged,
                 cache_footers,
             )?;
+            let input = Arc::new(OwnPartitionsExec::new(input, balanced));
             if filtered {
                 let live = Liveness {
                     at: projection.len(),
@@ -718,7 +723,9 @@ fn parquet_scan(
     if !current.is_empty() {
         groups.push(current);
     }
-    scan_exec(
+    // The partitions read about as many rows each, which DataFusion could not tell by the
+    // files' sizes (a partition reads some of a file's row groups).
+    let exec = scan_exec(
         state,
         url,
         groups,
@@ -729,7 +736,8 @@ fn parquet_scan(
         limit,
         false,
         true,
-    )
+    )?;
+    Ok(Arc::new(OwnPartitionsExec::new(exec, true)))
 }
 
 /// DataFusion's Parquet scan of `groups` (one partition each), `rows` rows in all (before

@@ -1001,6 +1001,76 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
     node.shutdown();
 }
 
+/// Waits until each of the two shards reads `table`'s flushed rows from one object of more
+/// than `rows` rows (its tail).
+async fn wait_one_object_per_shard(retina: &Retina, table: &str, rows: u64) {
+    let start = Instant::now();
+    loop {
+        let q = retina.begin().await.unwrap();
+        let objects: Vec<Vec<u64>> = buffer_objects(retina, &q, table)
+            .await
+            .iter()
+            .map(|shard| shard.iter().map(|p| p.rows).collect())
+            .collect();
+        if objects.len() == 2 && objects.iter().all(|o| o.len() == 1 && o[0] > rows) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no tail segment on every shard: {objects:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn objects_balanced_over_the_partitions_are_read_as_shared_out_and_pruned_by_the_filters_once() {
+    // Blocks of 64 rows and segments of 8, no deletes: each shard's rows become one tail of
+    // about the same size, which two partitions read one each.
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_with(
+        &dir.path().join("data"),
+        Settings {
+            row_group_rows: 512,
+            file_rows: 1 << 16,
+            ..retina_tests::small_files(2, 5)
+        },
+    );
+    let h = node.handle().clone();
+    let addr = node.coordinator_addr().unwrap();
+    insert_ledger(&h, 0, 2600, 10);
+    let rt = retina_tests::runtime();
+    rt.block_on(async {
+        let config = datafusion::prelude::SessionConfig::new().with_target_partitions(2);
+        let retina = Retina::connect(addr, "").unwrap().with_config(config);
+        wait_one_object_per_shard(&retina, "bank.ledger", 1024).await;
+        let session = retina.begin().await.unwrap();
+        let sql = "SELECT n FROM bank.ledger WHERE n < 300 ORDER BY n";
+        let rows = ints(&session.collect(sql).await.unwrap());
+        assert_eq!(rows, (0..300).map(|n| vec![n]).collect::<Vec<_>>());
+        let explain = explain_plan(&session, sql).await;
+        let line = |name: &str| {
+            explain
+                .lines()
+                .find(|l| l.contains(name))
+                .unwrap_or_else(|| panic!("no {name}: {explain}"))
+                .to_owned()
+        };
+        assert!(
+            line("OwnPartitionsExec").contains("balanced=true"),
+            "{explain}"
+        );
+        // Two objects in two partitions, whole: no byte range of one in the other.
+        let scan = line("DataSourceExec");
+        assert!(scan.contains("2 groups"), "{scan}");
+        assert_eq!(scan.matches(".parquet").count(), 2, "{scan}");
+        // The filter prunes the scan once: it is not pushed into it a second time.
+        assert!(scan.contains(" predicate=n@0 < 300, "), "{scan}");
+        assert!(scan.contains("pruning_predicate="), "{scan}");
+    });
+    node.shutdown();
+}
+
 #[test]
 fn a_table_gone_quiet_is_read_from_one_tail_object_per_shard_at_every_snapshot() {
     // Blocks of 64 rows and segments (and row groups) of 8 blocks: each shard has about two
@@ -1045,24 +1115,8 @@ fn a_table_gone_quiet_is_read_from_one_tail_object_per_shard_at_every_snapshot()
         let retina = Retina::connect(addr, "").unwrap();
         // A query begun before the tails are written reads the same rows after.
         let early = retina.begin().await.unwrap();
-        let start = Instant::now();
-        loop {
-            let q = retina.begin().await.unwrap();
-            let objects: Vec<Vec<u64>> = buffer_objects(&retina, &q, "bank.ledger")
-                .await
-                .iter()
-                .map(|shard| shard.iter().map(|p| p.rows).collect())
-                .collect();
-            // Each shard's flushed blocks as one object of more than two row groups.
-            if objects.len() == 2 && objects.iter().all(|o| o.len() == 1 && o[0] > 1024) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "no tail segment on every shard: {objects:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Each shard's flushed blocks as one object of more than two row groups.
+        wait_one_object_per_shard(&retina, "bank.ledger", 1024).await;
         for session in [&early, &retina.begin().await.unwrap()] {
             // Every row, and ranges that the first or the last row groups alone hold.
             for (filter, range) in [

@@ -1,0 +1,201 @@
+//! A Parquet scan whose partitions the connector made: [`OwnPartitionsExec`], and how write-buffer
+//! objects are shared out among partitions by their bytes ([`balance`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::Statistics;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::filter_pushdown::{FilterDescription, FilterPushdownPhase};
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+
+/// A Parquet scan of files (or row groups of files) the connector shared out among its
+/// partitions already, as its only input. Two things DataFusion would do to a bare scan it
+/// leaves out:
+/// - Where the connector's partitions are balanced (`keep`), DataFusion does not split the
+///   files again into byte ranges of equal size (`repartition_file_scans`), which knows
+///   neither the row groups a partition reads of a file nor where they end: two objects of
+///   almost the same size became three ranges, one of them a few hundred bytes that opened an
+///   object and read nothing (about 0.25 ms of a 5 ms query). Where they are not, it does.
+/// - The query's filters, which the scan prunes by already (its predicate), are not pushed
+///   into it a second time (DataFusion conjoins them to the predicate again, doubling the
+///   pruning work). Filters made while the query runs (a join's or a top-k's dynamic filters)
+///   still are.
+#[derive(Debug)]
+pub(crate) struct OwnPartitionsExec {
+    input: Arc<dyn ExecutionPlan>,
+    keep: bool,
+}
+
+impl OwnPartitionsExec {
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, keep: bool) -> Self {
+        OwnPartitionsExec { input, keep }
+    }
+}
+
+impl DisplayAs for OwnPartitionsExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnPartitionsExec: balanced={}", self.keep)
+    }
+}
+
+impl ExecutionPlan for OwnPartitionsExec {
+    fn name(&self) -> &str {
+        "OwnPartitionsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input: &[Arc<Statistics>],
+        _: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(input[0].clone())
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        None
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn repartitioned(
+        &self,
+        target_partitions: usize,
+        config: &ConfigOptions,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if self.keep {
+            return Ok(None);
+        }
+        Ok(self
+            .input
+            .repartitioned(target_partitions, config)?
+            .map(|input| Arc::new(OwnPartitionsExec { input, keep: true }) as _))
+    }
+
+    /// The query's filters stay above (see the type); dynamic filters go through.
+    fn gather_filters_for_pushdown(
+        &self,
+        phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        _: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        match phase {
+            FilterPushdownPhase::Pre => Ok(FilterDescription::all_unsupported(
+                &parent_filters,
+                &self.children(),
+            )),
+            FilterPushdownPhase::Post => {
+                FilterDescription::from_children(parent_filters, &self.children())
+            }
+        }
+    }
+
+    #[allow(deprecated)]
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "OwnPartitionsExec has one input, given {}",
+                children.len()
+            )));
+        }
+        Ok(Arc::new(OwnPartitionsExec {
+            input: children.swap_remove(0),
+            keep: self.keep,
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+}
+
+/// How far above an even share of the bytes a partition may be for the partitions to count as
+/// balanced.
+const BALANCED: f64 = 1.1;
+
+/// Items of `bytes` each shared out among at most `parts` partitions, each item whole, the
+/// largest first to the partition with the fewest bytes so far; with whether the partitions
+/// are balanced (as many as asked, none more than [`BALANCED`] times an even share).
+pub(crate) fn balance<T>(items: Vec<(u64, T)>, parts: usize) -> (Vec<Vec<T>>, bool) {
+    let parts = parts.max(1);
+    let total: u64 = items.iter().map(|(b, _)| b).sum();
+    let mut items = items;
+    items.sort_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
+    let mut groups: Vec<(u64, Vec<T>)> = (0..parts.min(items.len()))
+        .map(|_| (0, Vec::new()))
+        .collect();
+    for (bytes, item) in items {
+        let lightest = groups
+            .iter_mut()
+            .min_by_key(|(b, _)| *b)
+            .expect("a partition per item at least");
+        lightest.0 += bytes;
+        lightest.1.push(item);
+    }
+    let even = total as f64 / parts as f64;
+    let balanced = groups.len() == parts
+        && groups
+            .iter()
+            .all(|(bytes, _)| *bytes as f64 <= even * BALANCED);
+    (groups.into_iter().map(|(_, g)| g).collect(), balanced)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_go_largest_first_to_the_lightest_partition_and_balance_is_told() {
+        let (groups, balanced) = balance(vec![(100, 'a'), (101, 'b'), (5, 'c')], 2);
+        assert_eq!(groups, [vec!['b'], vec!['a', 'c']]);
+        assert!(balanced);
+        // One item far larger than the others: whole items cannot balance it.
+        let (groups, balanced) = balance(vec![(10, 'a'), (1, 'b'), (1, 'c')], 2);
+        assert_eq!(groups, [vec!['a'], vec!['b', 'c']]);
+        assert!(!balanced);
+        // Fewer items than partitions: a partition each, not balanced.
+        let (groups, balanced) = balance(vec![(10, 'a')], 2);
+        assert_eq!(groups, [vec!['a']]);
+        assert!(!balanced);
+        let (groups, balanced) = balance(Vec::<(u64, char)>::new(), 2);
+        assert!(groups.is_empty() && !balanced);
+    }
+}
