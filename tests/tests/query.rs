@@ -1001,6 +1001,16 @@ fn flushed_blocks_are_read_at_the_snapshot_with_or_without_create_ts() {
     node.shutdown();
 }
 
+/// Two shards, blocks of 64 rows and segments (and row groups) of 8 blocks: 2600 ledger rows
+/// leave each shard about two segments and three blocks, which go quiet into one tail.
+fn tail_settings() -> Settings {
+    Settings {
+        row_group_rows: 512,
+        file_rows: 1 << 16,
+        ..retina_tests::small_files(2, 5)
+    }
+}
+
 /// Waits until each of the two shards reads `table`'s flushed rows from one object of more
 /// than `rows` rows (its tail).
 async fn wait_one_object_per_shard(retina: &Retina, table: &str, rows: u64) {
@@ -1025,17 +1035,10 @@ async fn wait_one_object_per_shard(retina: &Retina, table: &str, rows: u64) {
 
 #[test]
 fn objects_balanced_over_the_partitions_are_read_as_shared_out_and_pruned_by_the_filters_once() {
-    // Blocks of 64 rows and segments of 8, no deletes: each shard's rows become one tail of
-    // about the same size, which two partitions read one each.
+    // No deletes: each shard's rows become one tail of about the same size, which two
+    // partitions read one each.
     let dir = tempfile::tempdir().unwrap();
-    let node = start_with(
-        &dir.path().join("data"),
-        Settings {
-            row_group_rows: 512,
-            file_rows: 1 << 16,
-            ..retina_tests::small_files(2, 5)
-        },
-    );
+    let node = start_with(&dir.path().join("data"), tail_settings());
     let h = node.handle().clone();
     let addr = node.coordinator_addr().unwrap();
     insert_ledger(&h, 0, 2600, 10);
@@ -1073,17 +1076,15 @@ fn objects_balanced_over_the_partitions_are_read_as_shared_out_and_pruned_by_the
 
 #[test]
 fn a_table_gone_quiet_is_read_from_one_tail_object_per_shard_at_every_snapshot() {
-    // Blocks of 64 rows and segments (and row groups) of 8 blocks: each shard has about two
-    // segments and three blocks flushed, which a tail takes in as one object of three row
-    // groups, pruned by their statistics and masked by deletes like a combined file's.
+    // Each shard has about two segments and three blocks flushed, which a tail takes in as one
+    // object of three row groups, pruned by their statistics and masked by deletes like a
+    // combined file's.
     let dir = tempfile::tempdir().unwrap();
     let node = start_with(
         &dir.path().join("data"),
         Settings {
-            row_group_rows: 512,
-            file_rows: 1 << 16,
             query_lease_ms: 10_000,
-            ..retina_tests::small_files(2, 5)
+            ..tail_settings()
         },
     );
     let h = node.handle().clone();
