@@ -1,6 +1,7 @@
 //! A Parquet scan whose partitions the connector made: [`OwnPartitionsExec`], and how write-buffer
 //! objects are shared out among partitions by their bytes ([`balance`]).
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -10,15 +11,18 @@ use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::filter_pushdown::{FilterDescription, FilterPushdownPhase};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation,
+};
 use datafusion::physical_plan::metrics::MetricsSet;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
 /// A Parquet scan of files (or row groups of files) the connector shared out among its
-/// partitions already, as its only input. Two things DataFusion would do to a bare scan it
-/// leaves out:
-/// - Where the connector's partitions are balanced (`keep`), DataFusion does not split the
+/// partitions already, wrapped so that DataFusion's optimizer takes it as a leaf (its rules
+/// change the children of every operator: the scan is not one of them). Two things DataFusion
+/// would do to a bare scan it so leaves out:
+/// - Where the connector's partitions are balanced, DataFusion does not split the
 ///   files again into byte ranges of equal size (`repartition_file_scans`), which knows
 ///   neither the row groups a partition reads of a file nor where they end: two objects of
 ///   almost the same size became three ranges, one of them a few hundred bytes that opened an
@@ -27,21 +31,52 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 ///   into it a second time (DataFusion conjoins them to the predicate again, doubling the
 ///   pruning work). Filters made while the query runs (a join's or a top-k's dynamic filters)
 ///   still are.
+///
+/// It shows as the scan it wraps (in `EXPLAIN`, with its metrics), and downcasts to it.
 #[derive(Debug)]
 pub(crate) struct OwnPartitionsExec {
     input: Arc<dyn ExecutionPlan>,
-    keep: bool,
+    parts: Parts,
+}
+
+/// Who made a scan's partitions.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Parts {
+    /// The connector, balanced: they stay.
+    Connector,
+    /// The connector, not balanced: DataFusion may split its files.
+    Unbalanced,
+    /// DataFusion, splitting the connector's files.
+    DataFusion,
 }
 
 impl OwnPartitionsExec {
-    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, keep: bool) -> Self {
-        OwnPartitionsExec { input, keep }
+    /// `balanced`: whether the partitions the connector made stay as they are.
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, balanced: bool) -> Self {
+        let parts = match balanced {
+            true => Parts::Connector,
+            false => Parts::Unbalanced,
+        };
+        OwnPartitionsExec { input, parts }
+    }
+
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        Arc::new(OwnPartitionsExec {
+            input,
+            parts: self.parts,
+        })
     }
 }
 
 impl DisplayAs for OwnPartitionsExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnPartitionsExec: balanced={}", self.keep)
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let by = match self.parts {
+            Parts::Connector => "connector",
+            Parts::Unbalanced => "connector, unbalanced",
+            Parts::DataFusion => "datafusion",
+        };
+        write!(f, "OwnPartitionsExec: partitions by {by}, ")?;
+        self.input.fmt_as(t, f)
     }
 }
 
@@ -50,43 +85,35 @@ impl ExecutionPlan for OwnPartitionsExec {
         "OwnPartitionsExec"
     }
 
+    fn downcast_delegate(&self) -> Option<&dyn ExecutionPlan> {
+        Some(self.input.as_ref())
+    }
+
     fn properties(&self) -> &Arc<PlanProperties> {
         self.input.properties()
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(partition)]
+        Vec::new()
     }
 
     fn statistics_from_inputs(
         &self,
         input: &[Arc<Statistics>],
-        _: &StatisticsArgs,
+        args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(input[0].clone())
+        self.input.statistics_from_inputs(input, args)
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
-        None
+        self.input.metrics()
     }
 
     fn apply_expressions(
         &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
+        self.input.apply_expressions(f)
     }
 
     fn repartitioned(
@@ -94,48 +121,66 @@ impl ExecutionPlan for OwnPartitionsExec {
         target_partitions: usize,
         config: &ConfigOptions,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        if self.keep {
+        if self.parts != Parts::Unbalanced {
             return Ok(None);
         }
         Ok(self
             .input
             .repartitioned(target_partitions, config)?
-            .map(|input| Arc::new(OwnPartitionsExec { input, keep: true }) as _))
+            .map(|input| {
+                Arc::new(OwnPartitionsExec {
+                    input,
+                    parts: Parts::DataFusion,
+                }) as _
+            }))
     }
 
-    /// The query's filters stay above (see the type); dynamic filters go through.
-    fn gather_filters_for_pushdown(
+    /// The query's filters stay above (see the type); dynamic filters go into the scan.
+    fn handle_child_pushdown_result(
         &self,
         phase: FilterPushdownPhase,
-        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
-        _: &ConfigOptions,
-    ) -> Result<FilterDescription> {
+        child_pushdown_result: ChildPushdownResult,
+        config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
         match phase {
-            FilterPushdownPhase::Pre => Ok(FilterDescription::all_unsupported(
-                &parent_filters,
-                &self.children(),
+            FilterPushdownPhase::Pre => Ok(FilterPushdownPropagation::all_unsupported(
+                child_pushdown_result,
             )),
             FilterPushdownPhase::Post => {
-                FilterDescription::from_children(parent_filters, &self.children())
+                let pushed = self.input.handle_child_pushdown_result(
+                    phase,
+                    child_pushdown_result,
+                    config,
+                )?;
+                let updated = pushed.updated_node.map(|input| self.with_input(input));
+                Ok(FilterPushdownPropagation {
+                    filters: pushed.filters,
+                    updated_node: updated,
+                })
             }
         }
+    }
+
+    fn with_new_state(&self, state: Arc<dyn Any + Send + Sync>) -> Option<Arc<dyn ExecutionPlan>> {
+        Some(self.with_input(self.input.with_new_state(state)?))
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self.with_input(self.input.clone().reset_state()?))
     }
 
     #[allow(deprecated)]
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
+        if !children.is_empty() {
             return Err(DataFusionError::Internal(format!(
-                "OwnPartitionsExec has one input, given {}",
+                "OwnPartitionsExec has no input to replace, given {}",
                 children.len()
             )));
         }
-        Ok(Arc::new(OwnPartitionsExec {
-            input: children.swap_remove(0),
-            keep: self.keep,
-        }))
+        Ok(self)
     }
 
     fn execute(

@@ -645,10 +645,10 @@ impl WriteBuffer {
     /// Counts a tick for every file (a quiet one if the file took no row since the last) and
     /// returns a tail segment to write, marked as in flight: of the flushed blocks past a
     /// file's segments and, where it has at most [`TAIL_SEGMENTS`], its segments, where those
-    /// are two objects or more and more blocks than its tail has, in a file that is not full, has no segment
-    /// in flight and has been quiet for `quiet_ticks` ticks in a row (counting this one; a
-    /// flush or a segment written starts the count again). A table that keeps taking rows,
-    /// however slowly, makes no tails. The caller calls this once a tick.
+    /// are two objects or more and more blocks than its tail has, in a file that is not full,
+    /// has no segment in flight and has been quiet for `quiet_ticks` ticks in a row (counting
+    /// this one; a flush or a segment written starts the count again). A table that keeps
+    /// taking rows, however slowly, makes no tails. The caller calls this once a tick.
     pub fn take_tail_job(&mut self, quiet_ticks: u32) -> Option<CombineJob> {
         let table = self.schema.name();
         let seg = self.segment_blocks;
@@ -720,9 +720,9 @@ impl WriteBuffer {
                 f.segment_in_flight = false;
                 f.quiet_ticks = 0;
                 let superseded = f.tail_path(table);
-                // A tail of whole segments and no block past them is never offered (it takes
-                // in two or more), so only the next full segment starts at the segments' end
-                // and is a segment long.
+                // A tail has fewer than a segment's worth of blocks past the segments it takes
+                // in, so only the next full segment starts at the segments' end and is a
+                // segment long.
                 if first == f.segments.len() as u32 * seg && blocks == seg {
                     f.segments.push(facts);
                     f.tail = None;
