@@ -1078,6 +1078,22 @@ fn objects_balanced_over_the_partitions_are_read_as_shared_out_and_pruned_by_the
             assert!(scan.contains(" predicate=n@0 < 300, "), "{scan}");
             assert!(scan.contains("pruning_predicate="), "{scan}");
         }
+        // A join's dynamic filter still goes into the scan it probes.
+        let session = retina(2).begin().await.unwrap();
+        let join = "SELECT a.n FROM bank.ledger a \
+                    JOIN (SELECT n FROM bank.ledger WHERE n < 5) b ON a.n = b.n";
+        let plan = session
+            .collect(&format!("EXPLAIN ANALYZE {join}"))
+            .await
+            .unwrap();
+        let plan = datafusion::arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string();
+        assert!(
+            plan.lines()
+                .any(|l| l.contains("OwnPartitionsExec") && l.contains("DynamicFilter [")),
+            "{plan}"
+        );
     });
     node.shutdown();
 }
