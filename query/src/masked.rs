@@ -281,13 +281,7 @@ impl ExecutionPlan for MaskedScanExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return Err(DataFusionError::Internal(format!(
-                "MaskedScanExec has no input, given {}",
-                children.len()
-            )));
-        }
-        Ok(self)
+        crate::parts::leaf(self, &children)
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {

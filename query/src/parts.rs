@@ -174,13 +174,7 @@ impl ExecutionPlan for OwnPartitionsExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if !children.is_empty() {
-            return Err(DataFusionError::Internal(format!(
-                "OwnPartitionsExec has no input to replace, given {}",
-                children.len()
-            )));
-        }
-        Ok(self)
+        leaf(self, &children)
     }
 
     fn execute(
@@ -190,6 +184,21 @@ impl ExecutionPlan for OwnPartitionsExec {
     ) -> Result<SendableRecordBatchStream> {
         self.input.execute(partition, context)
     }
+}
+
+/// A leaf operator given `children` to take: none, or an error naming it.
+pub(crate) fn leaf(
+    plan: Arc<dyn ExecutionPlan>,
+    children: &[Arc<dyn ExecutionPlan>],
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if !children.is_empty() {
+        return Err(DataFusionError::Internal(format!(
+            "{} has no input, given {}",
+            plan.name(),
+            children.len()
+        )));
+    }
+    Ok(plan)
 }
 
 /// How far above an even share of the bytes a partition may be for the partitions to count as

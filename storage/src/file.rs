@@ -390,7 +390,7 @@ pub async fn combine_blocks(
     };
     let mut segments = Vec::with_capacity(copied);
     for path in &job.sources[..copied] {
-        segments.push(get(store, path).await?);
+        segments.push(with_footer(get(store, path).await?)?);
     }
     let mut batches = Vec::new();
     for path in &job.sources[copied..] {
@@ -400,11 +400,8 @@ pub async fn combine_blocks(
         }
     }
     let mut rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
-    for bytes in &segments {
-        rows += ArrowReaderMetadata::load(bytes, ArrowReaderOptions::new())?
-            .metadata()
-            .file_metadata()
-            .num_rows() as u64;
+    for (_, footer) in &segments {
+        rows += footer.file_metadata().num_rows() as u64;
     }
     if rows != job.rows {
         return Err(StorageError::Corrupt {
@@ -424,7 +421,7 @@ pub async fn combine_blocks(
         encode(schema, &batches, props)?
     } else {
         if !batches.is_empty() {
-            segments.push(encode(schema, &batches, props.clone())?);
+            segments.push(with_footer(encode(schema, &batches, props.clone())?)?);
         }
         concat(&segments, props)?
     };
@@ -448,22 +445,14 @@ pub async fn combine_blocks(
 /// Parquet objects of one schema as one, their row groups copied as they are (column chunks,
 /// statistics and page indexes), in order; the first one's key-value metadata (the Arrow
 /// schema) kept.
-fn concat(inputs: &[Bytes], props: WriterProperties) -> Result<Bytes> {
-    let metas = inputs
-        .iter()
-        .map(|bytes| {
-            ParquetMetaDataReader::new()
-                .with_page_index_policy(PageIndexPolicy::Optional)
-                .parse_and_finish(bytes)
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let first = metas[0].file_metadata();
+fn concat(inputs: &[(Bytes, ParquetMetaData)], props: WriterProperties) -> Result<Bytes> {
+    let first = inputs[0].1.file_metadata();
     let mut writer = SerializedFileWriter::new(
         Vec::new(),
         first.schema_descr().root_schema_ptr(),
         Arc::new(props),
     )?;
-    for (input, meta) in inputs.iter().zip(&metas) {
+    for (input, meta) in inputs {
         if meta.file_metadata().schema() != first.schema() {
             return Err(StorageError::Corrupt {
                 what: "a segment".into(),
@@ -492,6 +481,14 @@ fn concat(inputs: &[Bytes], props: WriterProperties) -> Result<Bytes> {
         writer.append_key_value_metadata(kv.clone());
     }
     Ok(Bytes::from(writer.into_inner()?))
+}
+
+/// A Parquet object with its footer (and page indexes where it has them), read once.
+fn with_footer(bytes: Bytes) -> Result<(Bytes, ParquetMetaData)> {
+    let footer = ParquetMetaDataReader::new()
+        .with_page_index_policy(PageIndexPolicy::Optional)
+        .parse_and_finish(&bytes)?;
+    Ok((bytes, footer))
 }
 
 /// A page index's entry for column chunk `c` of row group `g`, if there is one.
